@@ -1,0 +1,182 @@
+"""Kernel support shared by every mechanism: the one place that knows GPU from interpreter.
+
+The same ``@triton.jit`` kernels run on CUDA GPUs and under ``TRITON_INTERPRET=1`` on host shared
+memory (real processes, real protocol). Every GPU-only instruction lives here behind the constexpr
+``GPU`` flag, so the interpreter path never meets inline PTX:
+
+* :func:`fence_system` - ``fence.acq_rel.sys`` on GPU. The interpreter runs loads/stores as numpy
+  operations on shared pages in program order (x86 is TSO), so it needs no fence.
+* :func:`signal_release` - every thread fences its own payload stores system-wide, the CTA barrier
+  orders them before the flag, then one release store of the flag (so a peer that acquires the flag
+  sees every byte of the payload).
+* :func:`wait_equal` - bounded acquire poll: ``%globaltimer`` deadline on GPU, a spin budget in the
+  interpreter (calibrated to the same ``timeout_s``). On expiry it records (rank, peer, mechanism,
+  epoch) in the error word and returns 0 instead of hanging or trapping.
+* :data:`LOAD_BYPASS_L1` - cache modifier for inbox loads after an acquire (``.cg``: L2, never L1,
+  so no stale line from an earlier use of the same slot is read).
+
+Peer addresses are int64 tables (``PeerBuffer.peer_ptrs``) cast with :func:`peer_pointer`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from .errors import MECHANISMS, PeerTimeoutError
+
+__all__ = [
+    "INTERPRET",
+    "ON_GPU",
+    "LOAD_BYPASS_L1",
+    "fence_system",
+    "signal_release",
+    "poll_acquire",
+    "wait_equal",
+    "peer_pointer",
+    "ErrorWord",
+    "spin_budget",
+    "mechanism_code",
+]
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOAD_BYPASS_L1: str = ".cg"
+
+
+def on_gpu(device: torch.device) -> bool:
+    """True when kernels for ``device`` are compiled for the GPU (constexpr ``GPU`` argument)."""
+    return device.type == "cuda" and not INTERPRET
+
+
+ON_GPU = on_gpu  # alias kept short for call sites
+
+
+@triton.jit
+def fence_system(GPU: tl.constexpr):
+    if GPU:
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def peer_pointer(table, r, ELEM: tl.constexpr):
+    """Rank ``r``'s base address from an int64 pointer table, as a pointer to ``ELEM``."""
+    return tl.load(table + r).to(tl.pointer_type(ELEM))
+
+
+@triton.jit
+def signal_release(flag_ptr, value, GPU: tl.constexpr):
+    """Publish ``value`` at ``flag_ptr`` (int64, possibly a peer's) after this program's earlier stores."""
+    fence_system(GPU)
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, value, sem="release", scope="sys")
+
+
+@triton.jit
+def poll_acquire(flag_ptr):
+    return tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, mech, GPU: tl.constexpr):
+    """Acquire-poll the int64 at ``flag_ptr`` until it equals ``value``; True on success.
+
+    On timeout the first failing wait of the object writes ``[1, my_rank, peer, mech, value]`` into the
+    int64 error word at address ``err_addr`` (host-visible memory) and returns False: the caller skips
+    the data it waited for, and the host raises PeerTimeoutError at the next call.
+    """
+    v = poll_acquire(flag_ptr)
+    if GPU:
+        t0 = _globaltimer()
+        now = t0
+        while (v != value) & ((now - t0) < timeout_ns):
+            v = poll_acquire(flag_ptr)
+            now = _globaltimer()
+    else:
+        n = 0
+        while (v != value) & (n < max_spins):
+            v = poll_acquire(flag_ptr)
+            n += 1
+    ok = v == value
+    if v != value:
+        err = err_addr.to(tl.pointer_type(tl.int64))
+        if tl.atomic_cas(err, 0, 1, sem="relaxed", scope="sys") == 0:
+            zero = value.to(tl.int64) * 0  # rank/peer/mech may be Python ints in the interpreter
+            tl.store(err + 1, zero + my_rank)
+            tl.store(err + 2, zero + peer)
+            tl.store(err + 3, zero + mech)
+            tl.store(err + 4, value.to(tl.int64))
+    return ok
+
+
+def mechanism_code(name: str) -> int:
+    return MECHANISMS.index(name) + 1
+
+
+@functools.cache
+def _interp_spins_per_second() -> float:
+    """How many acquire polls the interpreter makes per second (measured once per process)."""
+    flag = torch.zeros(8, dtype=torch.int64)
+    err = torch.zeros(8, dtype=torch.int64)
+    _spin_probe[(1,)](flag, err, 10)  # first call pays the interpreter's one-off costs
+    n = 2000
+    t0 = time.perf_counter()
+    _spin_probe[(1,)](flag, err, n)
+    dt = time.perf_counter() - t0
+    return max(n / max(dt, 1e-6), 100.0)
+
+
+@triton.jit
+def _spin_probe(flag, err, n):
+    i = 0
+    v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    while (v != 1) & (i < n):
+        v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        i += 1
+    tl.store(err, i.to(tl.int64))
+
+
+def spin_budget(timeout_s: float, device: torch.device) -> int:
+    """Spin budget for the interpreter path so a wait lasts about ``timeout_s`` (GPU uses the timer)."""
+    if on_gpu(device):
+        return 0
+    return max(int(timeout_s * _interp_spins_per_second()), 1)
+
+
+class ErrorWord:
+    """int64 ``[8]`` the kernels write on timeout: ``[set, rank, peer, mechanism, epoch, ...]``.
+
+    On CUDA it lives in pinned, device-mapped host memory: the host reads it at the start of each call
+    without synchronising the stream (a timeout is reported by the *next* call or by ``check()``).
+    """
+
+    def __init__(self, device: torch.device, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.tensor = torch.zeros(8, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.device = device
+
+    @property
+    def addr(self) -> int:
+        return self.tensor.data_ptr()
+
+    def kernel_arg(self) -> int:
+        """What a kernel receives: the word's address (host memory; UVA-mapped on CUDA)."""
+        return self.addr
+
+    def reset(self) -> None:
+        self.tensor.zero_()
+
+    def raise_if_set(self) -> None:
+        if int(self.tensor[0]) != 0:
+            rank, peer, mech, epoch = (int(x) for x in self.tensor[1:5])
+            name = MECHANISMS[mech - 1] if 1 <= mech <= len(MECHANISMS) else f"mechanism {mech}"
+            raise PeerTimeoutError(rank, peer, name, epoch, self.timeout_s)

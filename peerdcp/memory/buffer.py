@@ -1,0 +1,120 @@
+"""`PeerBuffer`: one peer-visible allocation per rank, addressable by every rank of the group.
+
+All three memory kinds (``vmm``, ``symm``, ``host``) return this class; a backend object supplies the
+mapping and its teardown. Views alias the mapped bytes: they are valid until :meth:`PeerBuffer.close`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .._dist import GroupInfo
+
+__all__ = ["PeerBuffer"]
+
+
+class PeerBuffer:
+    """A collective allocation of ``nbytes`` per rank, mapped on every rank.
+
+    Attributes:
+        rank, world_size: this process's rank in the group and the group size W.
+        memory: ``"vmm"``, ``"symm"`` or ``"host"``.
+        nbytes: requested bytes per rank (the mapping may be larger, rounded to the granularity).
+        device: ``torch.device`` of the tensors (``cpu`` for host memory).
+        local: ``uint8 [nbytes]`` tensor of this rank's bytes.
+        peer_ptrs: ``int64 [W]`` tensor on ``device``: base address of rank r's bytes *in this process*.
+    """
+
+    def __init__(
+        self,
+        *,
+        info: GroupInfo,
+        memory: str,
+        nbytes: int,
+        device: torch.device,
+        peer_bytes: Sequence[torch.Tensor],
+        peer_addrs: Sequence[int],
+        teardown: Callable[[], None],
+    ) -> None:
+        self._info = info
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.memory = memory
+        self.nbytes = nbytes
+        self.device = device
+        self._peer_bytes = list(peer_bytes)
+        self._peer_addrs = [int(a) for a in peer_addrs]
+        self.peer_ptrs = torch.tensor(self._peer_addrs, dtype=torch.int64, device=device)
+        self._teardown: Callable[[], None] | None = teardown
+
+    # --- views -------------------------------------------------------------------------------
+    @property
+    def local(self) -> torch.Tensor:
+        return self.view(self.rank, (self.nbytes,), torch.uint8)
+
+    @property
+    def closed(self) -> bool:
+        return self._teardown is None
+
+    @property
+    def peer_addrs(self) -> list[int]:
+        """Python ints of ``peer_ptrs`` (no device read)."""
+        return list(self._peer_addrs)
+
+    def view(self, peer: int, shape: Sequence[int] | int, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+        """A tensor aliasing rank ``peer``'s bytes ``[offset, offset + numel*itemsize)``.
+
+        Raises ValueError when the range leaves the allocation or ``offset`` is not aligned to ``dtype``.
+        """
+        if self.closed:
+            raise ValueError("PeerBuffer is closed")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"peer must be in [0, {self.world_size}), got {peer}")
+        shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"shape must be non-negative, got {shape}")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = 1
+        for s in shape:
+            numel *= s
+        if offset < 0 or offset % itemsize:
+            raise ValueError(f"offset must be a non-negative multiple of {itemsize} for {dtype}, got {offset}")
+        end = offset + numel * itemsize
+        if end > self.nbytes:
+            raise ValueError(f"view [{offset}, {end}) leaves the allocation of {self.nbytes} bytes")
+        return self._peer_bytes[peer][offset:end].view(dtype).view(shape)
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective and idempotent: every rank must call it. Unmaps peers, releases memory, closes fds."""
+        teardown, self._teardown = self._teardown, None
+        if teardown is None:
+            return
+        self._peer_bytes = []
+        teardown()
+
+    def __enter__(self) -> PeerBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_teardown", None) is not None:
+            # Teardown is collective; doing it from a finalizer could hang. Warn instead.
+            warnings.warn(
+                f"PeerBuffer ({self.memory}, {self.nbytes} B) was garbage-collected without close(); "
+                "its mapping stays until the process exits",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"PeerBuffer(memory={self.memory!r}, nbytes={self.nbytes}, rank={self.rank}, "
+            f"world_size={self.world_size}, device={self.device}, {state})"
+        )

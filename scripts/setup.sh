@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up peerdcp from nothing: a virtual environment in .venv with torch, triton and peerdcp.
+#   * with a CUDA GPU and a python3 that already has CUDA torch: the venv sees those system packages;
+#   * otherwise: the CPU torch wheel (torch==2.13.0, never a multi-GB CUDA build) and triton 3.6.
+# Usage: bash scripts/setup.sh [test]     ("test" adds pytest, hypothesis and ruff)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras=""
+[ "${1:-}" = "test" ] && extras="[test]"
+
+has_cuda_torch() {
+  command -v nvidia-smi >/dev/null 2>&1 && "$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
+}
+
+if [ ! -x .venv/bin/python ]; then
+  if has_cuda_torch; then
+    "$PY" -m venv --system-site-packages .venv
+  else
+    "$PY" -m venv .venv
+  fi
+fi
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! python -c 'import torch' 2>/dev/null; then
+  python -m pip install -q torch==2.13.0
+fi
+if ! python -c 'import triton' 2>/dev/null; then
+  python -m pip install -q triton==3.6.0
+fi
+python -m pip install -q -e ".${extras}"
+if python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  python -c 'import cuda.bindings' 2>/dev/null || python -m pip install -q 'cuda-python>=12.6' || true
+fi

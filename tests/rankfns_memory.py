@@ -1,0 +1,128 @@
+"""Functions run on every rank by tests/test_memory_host.py (module-level so spawn can pickle them)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+import peerdcp
+from peerdcp.errors import PeerSetupError, PeerTimeoutError
+from peerdcp.memory.selftest import expected_pattern, roundtrip, roundtrip_nbytes
+
+
+def write_read_all(nbytes: int, memory: str = "host", device: str = "cpu") -> dict:
+    import torch.distributed as dist
+
+    buf = peerdcp.memory.allocate(nbytes, memory=memory, device=device)
+    W, r = buf.world_size, buf.rank
+    n = nbytes // (4 * W)
+    try:
+        assert buf.memory == memory and buf.nbytes == nbytes and buf.local.numel() == nbytes
+        assert buf.peer_ptrs.dtype == torch.int64 and buf.peer_ptrs.shape == (W,)
+        zero_ok = bool((buf.local == 0).all())
+        dist.barrier()  # peers may only write once everyone has looked at its fresh buffer
+        # every rank writes a distinct pattern into its slot of every peer
+        for p in range(W):
+            v = buf.view(p, (W, n), torch.int32)
+            v[r] = torch.arange(n, dtype=torch.int32, device=buf.device) * 7 + r * 100003 + p * 17
+        if buf.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        mine = buf.view(r, (W, n), torch.int32)
+        ok = all(
+            torch.equal(mine[s], torch.arange(n, dtype=torch.int32, device=buf.device) * 7 + s * 100003 + r * 17)
+            for s in range(W)
+        )
+        # and reads every peer's slot written by every rank
+        reads = all(
+            torch.equal(
+                buf.view(p, (W, n), torch.int32)[s],
+                torch.arange(n, dtype=torch.int32, device=buf.device) * 7 + s * 100003 + p * 17,
+            )
+            for p in range(W)
+            for s in range(W)
+        )
+        dist.barrier()
+    finally:
+        buf.close()
+    buf.close()  # idempotent
+    return {"zero": zero_ok, "ok": ok, "reads": reads, "closed": buf.closed}
+
+
+def kernel_roundtrip(rounds: int, n: int, memory: str = "host", device: str = "cpu") -> list[bool]:
+    W = torch.distributed.get_world_size()
+    res = []
+    with peerdcp.memory.allocate(roundtrip_nbytes(W, n), memory=memory, device=device) as buf:
+        for e in range(1, rounds + 1):
+            out = roundtrip(buf, e, n, timeout_s=30.0).cpu()
+            res.append(all(torch.equal(out[s], expected_pattern(s, buf.rank, e, n)) for s in range(W)))
+    return res
+
+
+def roundtrip_missing_peer(absent: int, timeout_s: float) -> str:
+    import time
+
+    W = torch.distributed.get_world_size()
+    with peerdcp.memory.allocate(roundtrip_nbytes(W, 4), memory="host", device="cpu") as buf:
+        if buf.rank == absent:
+            time.sleep(timeout_s * 1.5)
+            return "absent"
+        t0 = time.time()
+        try:
+            roundtrip(buf, 1, 4, timeout_s=timeout_s)
+        except PeerTimeoutError as e:
+            return f"timeout rank={e.rank} peer={e.peer} mech={e.mechanism} dt={time.time() - t0:.2f}"
+        return "no error"
+
+
+def resources() -> dict:
+    pid = os.getpid()
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/maps") as f:
+        maps = sum(1 for line in f if "/dev/shm/peerdcp-" in line)
+    return {"fds": fds, "maps": maps, "shm": len(glob.glob("/dev/shm/peerdcp-*"))}
+
+
+def cycle(n: int, nbytes: int) -> dict:
+    before = resources()
+    for _ in range(n):
+        buf = peerdcp.memory.allocate(nbytes, memory="host", device="cpu")
+        buf.view(buf.rank, (4,), torch.int32).fill_(buf.rank)
+        buf.close()
+    after = resources()
+    return {"before": before, "after": after}
+
+
+def faulty_allocate(fault_rank: int, stage: str) -> dict:
+    before = resources()
+    try:
+        peerdcp.memory.allocate(1 << 16, memory="host", device="cpu", _fault=(fault_rank, stage))
+        outcome = "allocated"
+    except PeerSetupError as e:
+        outcome = f"PeerSetupError: {e}"
+    after = resources()
+    return {"outcome": outcome, "before": before, "after": after}
+
+
+def bad_args() -> list[str]:
+    msgs = []
+    for kwargs in (
+        {"nbytes": 0},
+        {"nbytes": -5},
+        {"nbytes": 1.5},
+        {"nbytes": 64, "memory": "nvshmem"},
+        {"nbytes": 64, "memory": "vmm", "device": "cpu"},
+    ):
+        nb = kwargs.pop("nbytes")
+        try:
+            peerdcp.memory.allocate(nb, **kwargs)
+            msgs.append("no error")
+        except (ValueError, TypeError) as e:
+            msgs.append(type(e).__name__)
+    return msgs
+
+
+def probe_json() -> dict:
+    return peerdcp.probe().to_dict()

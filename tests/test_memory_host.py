@@ -1,0 +1,76 @@
+"""Foundation: host peer memory across real processes, the interpreted Triton signal round trip,
+leaks, rollback, bad input and the probe."""
+
+from __future__ import annotations
+
+import glob
+import json
+import subprocess
+import sys
+
+import pytest
+import rankfns_memory as fns
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_host_write_read_every_peer(pools, world):
+    res = pools(world).run(fns.write_read_all, 4 * world * 1000 + 12)
+    for r in res:
+        assert r == {"zero": True, "ok": True, "reads": True, "closed": True}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_interpreted_kernel_signal_roundtrip(pools, world):
+    res = pools(world).run(fns.kernel_roundtrip, 3, 37)
+    assert res == [[True, True, True]] * world
+
+
+def test_missing_peer_times_out(pools):
+    res = pools(2).run(fns.roundtrip_missing_peer, 1, 2.0)
+    assert res[1] == "absent"
+    assert res[0].startswith("timeout rank=0 peer=1 mech=signal-test"), res[0]
+    dt = float(res[0].split("dt=")[1])
+    assert 0.5 < dt < 10.0, dt
+
+
+def test_200_cycles_leave_nothing(pools):
+    res = pools(2).run(fns.cycle, 200, 1 << 14)
+    for r in res:
+        assert r["after"]["fds"] <= r["before"]["fds"], r
+        assert r["after"]["maps"] == r["before"]["maps"] == 0, r
+        assert r["after"]["shm"] == 0, r
+    assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+@pytest.mark.parametrize("stage", ["create", "map", "unlink"])
+def test_failing_rank_rolls_back_everywhere(pools, stage):
+    res = pools(3).run(fns.faulty_allocate, 1, stage)
+    for r in res:
+        assert r["outcome"].startswith("PeerSetupError"), r
+        assert "rank 1" in r["outcome"] and stage in r["outcome"], r
+        # /dev/shm is checked below, once every rank has returned (a peer may still be rolling back)
+        assert (r["after"]["fds"], r["after"]["maps"]) == (r["before"]["fds"], r["before"]["maps"]), r
+    assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_bad_arguments_raise_before_allocating(pools):
+    res = pools(2).run(fns.bad_args)
+    assert res == [["ValueError", "ValueError", "TypeError", "ValueError", "ValueError"]] * 2
+
+
+def test_probe_in_group(pools):
+    res = pools(2).run(fns.probe_json)
+    for d in res:
+        assert d["world_size"] == 2 and d["kinds"]["host"]["eligible"] is True
+        assert d["kinds"]["vmm"]["eligible"] is False and d["kinds"]["vmm"]["reasons"]
+
+
+def test_probe_cli_json():
+    out = subprocess.run(
+        [sys.executable, "-m", "peerdcp", "probe", "--json"], capture_output=True, text=True, check=True
+    )
+    d = json.loads(out.stdout)
+    assert d["kinds"]["host"]["eligible"] is True
+    assert set(d["kinds"]) == {"vmm", "symm", "host"}
+    if not d["cuda"]:
+        assert any("CUDA" in r for r in d["kinds"]["vmm"]["reasons"])

@@ -1,0 +1,93 @@
+"""Build the CUDA C++ kernels in ``csrc/`` at first use, with ninja + nvcc, and load them with ctypes.
+
+Each kernel file exposes a plain C ABI (``extern "C" int peerdcp_<op>(..., cudaStream_t)`` returning a
+``cudaError_t``), so the build does not depend on torch's C++ ABI and takes seconds. The Python side
+registers each entry point as a ``torch.library`` custom op with a fake implementation (see the
+mechanisms' ``ops.py``) and launches it on the current stream, so it is CUDA-graph capturable.
+
+Builds are cached under ``$PEERDCP_CACHE`` (default ``~/.cache/peerdcp``), keyed by the hash of the
+sources and flags, and guarded by a file lock so W ranks starting together build once.
+``PEERDCP_NO_JIT=1`` forbids compiling (a missing build then raises).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["CSRC", "load_library", "JitError", "nvcc_path"]
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+DEFAULT_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "--use_fast_math", "-lineinfo")
+
+
+class JitError(RuntimeError):
+    pass
+
+
+def nvcc_path() -> str | None:
+    for cand in (os.environ.get("PEERDCP_NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("PEERDCP_CACHE", Path.home() / ".cache" / "peerdcp"))
+
+
+@functools.cache
+def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = DEFAULT_FLAGS) -> ctypes.CDLL:
+    """Build (if needed) ``lib<name>.so`` from ``csrc/<sources>`` and return it loaded."""
+    paths = [CSRC / s for s in sources]
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    for hdr in sorted(CSRC.glob("*.cuh")):
+        h.update(hdr.read_bytes())
+    h.update(" ".join(flags).encode())
+    out_dir = _cache_dir() / f"{name}-{h.hexdigest()[:16]}"
+    lib = out_dir / f"lib{name}.so"
+    if not lib.exists():
+        if os.environ.get("PEERDCP_NO_JIT") == "1":
+            raise JitError(f"{lib} is not built and PEERDCP_NO_JIT=1 forbids compiling")
+        nvcc = nvcc_path()
+        if nvcc is None:
+            raise JitError("nvcc not found (set PEERDCP_NVCC); the CUDA C++ kernels cannot be built")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not lib.exists():
+                _build(nvcc, paths, flags, out_dir, lib)
+    return ctypes.CDLL(str(lib))
+
+
+def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, lib: Path) -> None:
+    cflags = " ".join((*flags, "-Xcompiler", "-fPIC", f"-I{CSRC}"))
+    objs = [f"{p.stem}.o" for p in paths]
+    ninja = shutil.which("ninja")
+    tmp = lib.with_suffix(".so.tmp")
+    if ninja:
+        lines = [
+            f"nvcc = {nvcc}",
+            f"cflags = {cflags}",
+            "rule cu\n  command = $nvcc $cflags -c $in -o $out",
+            "rule link\n  command = $nvcc -shared $in -o $out -lcuda",
+        ]
+        lines += [f"build {o}: cu {p}" for o, p in zip(objs, paths)]
+        lines.append(f"build {tmp.name}: link {' '.join(objs)}")
+        (out_dir / "build.ninja").write_text("\n".join(lines) + "\n")
+        cmd = [ninja, "-C", str(out_dir)]
+    else:
+        cmd = [nvcc, *cflags.split(), "-shared", *map(str, paths), "-o", str(tmp), "-lcuda"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise JitError(f"building {lib.name} failed:\n{res.stdout}\n{res.stderr}")
+    os.replace(tmp, lib)

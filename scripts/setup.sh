@@ -29,6 +29,11 @@ if ! python -c 'import triton' 2>/dev/null; then
   python -m pip install -q triton==3.6.0
 fi
 python -m pip install -q -e ".${extras}"
+# The SGLang plugin's tests use the real sglang 0.5.23 package (no deps, plus the few light packages its
+# argument module imports); it is a test-time package, never a runtime dependency.
+if [ -n "$extras" ] && [ -f scripts/setup_sglang.sh ]; then
+  bash scripts/setup_sglang.sh
+fi
 if python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   python -c 'import cuda.bindings' 2>/dev/null || python -m pip install -q 'cuda-python>=12.6' || true
 fi

@@ -79,14 +79,14 @@ def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, 
             f"nvcc = {nvcc}",
             f"cflags = {cflags}",
             "rule cu\n  command = $nvcc $cflags -c $in -o $out",
-            "rule link\n  command = $nvcc -shared $in -o $out -lcuda",
+            "rule link\n  command = $nvcc -shared $in -o $out",
         ]
         lines += [f"build {o}: cu {p}" for o, p in zip(objs, paths)]
         lines.append(f"build {tmp.name}: link {' '.join(objs)}")
         (out_dir / "build.ninja").write_text("\n".join(lines) + "\n")
         cmd = [ninja, "-C", str(out_dir)]
     else:
-        cmd = [nvcc, *cflags.split(), "-shared", *map(str, paths), "-o", str(tmp), "-lcuda"]
+        cmd = [nvcc, *cflags.split(), "-shared", *map(str, paths), "-o", str(tmp)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise JitError(f"building {lib.name} failed:\n{res.stdout}\n{res.stderr}")

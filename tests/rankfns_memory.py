@@ -126,3 +126,21 @@ def bad_args() -> list[str]:
 
 def probe_json() -> dict:
     return peerdcp.probe().to_dict()
+
+
+def gpu_cycles(memory: str, n: int, nbytes: int) -> dict:
+    """n allocate/close cycles on the GPU; device memory and fds must not grow after the first."""
+    torch.cuda.synchronize()
+    buf = peerdcp.memory.allocate(nbytes, memory=memory)  # first allocation may create pools
+    buf.close()
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    fds0 = len(os.listdir(f"/proc/{os.getpid()}/fd"))
+    for i in range(n):
+        buf = peerdcp.memory.allocate(nbytes, memory=memory)
+        buf.view(buf.rank, (4,), torch.int32).fill_(i)
+        buf.close()
+    torch.cuda.synchronize()
+    free1 = torch.cuda.mem_get_info()[0]
+    fds1 = len(os.listdir(f"/proc/{os.getpid()}/fd"))
+    return {"free_drop": free0 - free1, "fds": (fds0, fds1)}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run on the lent GPU machine (no network): the GPU tests, benchmarks and main job, logs under $OUT.
+# Usage: bash scripts/gpu_check.sh STAGE...   stages: env probe tests[:EXPR] bench-output bench-query
+#        bench-topk run sglang    (each stage's log goes to $OUT/<stage>.log; a summary is printed last)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PEERDCP_CACHE="$PWD/.jitcache"
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+summary=()
+for stage in "$@"; do
+  name=${stage%%:*}; arg=${stage#*:}; [ "$arg" = "$stage" ] && arg=""
+  log="$OUT/${name}.log"
+  t0=$(date +%s)
+  case "$name" in
+    env)
+      { date -u; nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch,triton,sys; print(sys.version); print("torch",torch.__version__,"cuda",torch.version.cuda,"triton",triton.__version__, "gpus",torch.cuda.device_count())';
+        python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nccl|sglang|flashinfer"; } >"$log" 2>&1 ;;
+    probe) python3 -m peerdcp probe >"$log" 2>&1 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider -m "cuda or multigpu" ${arg:+-k "$arg"} tests >"$log" 2>&1 ;;
+    bench-output) python3 -m bench.output --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    bench-query) python3 -m bench.query --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    bench-topk) python3 -m bench.topk --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    run) python3 -m peerdcp run ${arg:+$arg} --json "$OUT/run.json" >"$log" 2>&1 ;;
+    *) echo "unknown stage $name" >"$log"; false ;;
+  esac
+  rc=$?
+  summary+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$log" | cut -c1-90)")")
+done
+for s in "${summary[@]}"; do
+  echo "== ${s%%  *}"
+done
+echo "-------- tails --------"
+for stage in "$@"; do
+  name=${stage%%:*}
+  echo "##### $name"; tail -n 25 "$OUT/${name}.log"
+done
+echo "-------- summary --------"
+printf '%s\n' "${summary[@]}"

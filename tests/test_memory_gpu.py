@@ -1,0 +1,36 @@
+"""Foundation on GPUs: vmm and symm peer memory at W = 2 (skipped without two CUDA GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+import rankfns_memory as fns
+
+NCCL = "cpu:gloo,cuda:nccl"
+pytestmark = pytest.mark.multigpu
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_gpu_write_read_every_peer(pools, memory):
+    res = pools(2, NCCL).run(fns.write_read_all, 4 * 2 * 4096 + 16, memory, "cuda")
+    assert res == [{"zero": True, "ok": True, "reads": True, "closed": True}] * 2
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_gpu_triton_kernel_roundtrip(pools, memory):
+    res = pools(2, NCCL).run(fns.kernel_roundtrip, 5, 1000, memory, "cuda")
+    assert res == [[True] * 5] * 2
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_gpu_200_cycles_no_growth(pools, memory):
+    res = pools(2, NCCL).run(fns.gpu_cycles, memory, 200, 3 << 20)
+    for r in res:
+        assert r["free_drop"] <= 0, r  # no growth in device memory
+        assert r["fds"][1] <= r["fds"][0], r
+
+
+def test_gpu_probe(pools):
+    res = pools(2, NCCL).run(fns.probe_json)
+    for d in res:
+        assert d["cuda"] is True
+        assert d["kinds"]["vmm"]["eligible"] or d["kinds"]["symm"]["eligible"], d["kinds"]

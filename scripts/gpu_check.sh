@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (no network): the GPU tests, benchmarks and main job, logs under $OUT.
-# Usage: bash scripts/gpu_check.sh STAGE...   stages: env probe tests[:EXPR] bench-output bench-query
+# Usage: bash scripts/gpu_check.sh STAGE...   stages: env probe tests[:PATHS] bench-output bench-query
 #        bench-topk run sglang    (each stage's log goes to $OUT/<stage>.log; a summary is printed last)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ for stage in "$@"; do
       { date -u; nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch,triton,sys; print(sys.version); print("torch",torch.__version__,"cuda",torch.version.cuda,"triton",triton.__version__, "gpus",torch.cuda.device_count())';
         python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nccl|sglang|flashinfer"; } >"$log" 2>&1 ;;
     probe) python3 -m peerdcp probe >"$log" 2>&1 ;;
-    tests) python3 -m pytest -q -p no:cacheprovider -m "cuda or multigpu" ${arg:+-k "$arg"} tests >"$log" 2>&1 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider -m "cuda or multigpu" ${arg:-tests} >"$log" 2>&1 ;;
     bench-output) python3 -m bench.output --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
     bench-query) python3 -m bench.query --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
     bench-topk) python3 -m bench.topk --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;

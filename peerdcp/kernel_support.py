@@ -109,8 +109,8 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
     ok = v == value
     if v != value:
         err = err_addr.to(tl.pointer_type(tl.int64))
-        if tl.atomic_cas(err, 0, 1, sem="relaxed", scope="sys") == 0:
-            zero = value.to(tl.int64) * 0  # rank/peer/mech may be Python ints in the interpreter
+        zero = value.to(tl.int64) * 0  # int64 operands; rank/peer/mech may be Python ints or constexprs
+        if tl.atomic_cas(err, zero, zero + 1, sem="relaxed", scope="sys") == 0:
             tl.store(err + 1, zero + my_rank)
             tl.store(err + 2, zero + peer)
             tl.store(err + 3, zero + mech)

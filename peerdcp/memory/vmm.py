@@ -16,6 +16,7 @@ NOT_PERMITTED; :mod:`peerdcp.memory.probe` reports whether a trial fabric alloca
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import struct
@@ -66,7 +67,13 @@ def _exchange_fds(info: GroupInfo, fd: int, timeout_s: float = 60.0) -> dict[int
         agree(info, err, "vmm fd exchange (bind)")
         for r, a in enumerate(addrs):
             if r != info.rank:
-                socket.send_fds(sock, [struct.pack("<i", info.rank)], [fd], address=a)
+                # (socket.send_fds ignores its address argument on CPython <= 3.12: use sendmsg)
+                sock.sendmsg(
+                    [struct.pack("<i", info.rank)],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))],
+                    0,
+                    a,
+                )
         while len(received) < info.world_size - 1:
             msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 1)
             if len(msg) != 4 or len(fds) != 1:

@@ -1,0 +1,61 @@
+"""The main job, ``peerdcp run``, end to end on CPU processes: parity passes for every geometry, and a
+deliberately broken mechanism makes it fail loudly (non-zero exit, clear verdict)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(tmp_path, *args: str) -> tuple[int, str, dict | None]:
+    out = tmp_path / "report.json"
+    png = tmp_path / "report.png"
+    p = subprocess.run(
+        [sys.executable, "-m", "peerdcp", "run", "--json", str(out), "--png", str(png), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads(out.read_text()) if out.exists() else None
+    return p.returncode, p.stdout + p.stderr, report
+
+
+@pytest.mark.parametrize("geometry", ["deepseek-v3.2", "glm-5", "kimi-k2.5"])
+def test_run_passes_parity(tmp_path, geometry):
+    rc, text, rep = _run(tmp_path, "--geometry", geometry)
+    assert rc == 0, text
+    assert "verdict: PASS" in text
+    assert rep["ok"] is True and rep["world"] == 2
+    for c in rep["check"]:
+        assert c["query_ok"] and c["output_ok"] and not c["output_nan"]
+        assert c["output_rel_err"] < 1e-2
+        if rep["geometry"]["index_heads"]:
+            assert c["topk_equal"] is True and c["topk_selected"] > 0
+    for name in ("query", "output") + (("topk",) if rep["geometry"]["index_heads"] else ()):
+        assert rep["objects"][0][name]["backend"] == "direct"  # auto picks the peer path on host memory
+        assert rep["timings"][0][name]["peerdcp_us"] > 0
+    cap = rep["capacity"]
+    assert sum(c["kv_tokens_local"] for c in cap) == cap[0]["kv_tokens_logical"]
+    if rep["geometry"]["index_heads"]:
+        assert all(2 * c["index_k_bytes_local"] == c["index_k_bytes_replicated"] for c in cap)
+    assert (tmp_path / "report.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("geometry", "fault"),
+    [("kimi-k2.5", "corrupt-partial"), ("kimi-k2.5", "corrupt-query"), ("deepseek-v3.2", "corrupt-topk")],
+)
+def test_run_fails_loudly_when_a_mechanism_is_broken(tmp_path, geometry, fault):
+    rc, text, rep = _run(tmp_path, "--geometry", geometry, "--fault", fault)
+    assert rc == 1, text
+    assert "verdict: FAIL" in text
+    assert rep["ok"] is False
+    failed = [c for c in rep["check"] if not c["ok"]]
+    assert failed
+    if fault == "corrupt-topk":
+        assert any(c["topk_equal"] is False for c in rep["check"])
+    if fault == "corrupt-query":
+        assert any(not c["query_ok"] for c in rep["check"])

@@ -24,7 +24,9 @@ __all__ = ["add_run_arguments", "main_run"]
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--geometry", default="deepseek-v3.2", choices=sorted(GEOMETRIES), help="layer geometry")
-    p.add_argument("--rows", type=int, default=None, help="decode rows T (default: 8 on GPU, 2 on CPU)")
+    p.add_argument(
+        "--rows", default=None, help="decode rows T, or a comma list run one after another (default: 8 GPU, 2 CPU)"
+    )
     p.add_argument("--context", type=int, default=None, help="context length (default: 32768 on GPU, 256 on CPU)")
     p.add_argument("--world", type=int, default=None, help="ranks (default: all GPUs if >= 2, else 2 CPU processes)")
     p.add_argument("--query-backend", default="auto", choices=["auto", "direct", "allgather"])
@@ -61,64 +63,66 @@ def main_run(args: argparse.Namespace) -> int:
     g = get_geometry(args.geometry)
     if not gpu or args.scaled:
         g = g.scaled_for_cpu()
-    rows = args.rows or (8 if gpu else 2)
+    row_list = [int(x) for x in str(args.rows).split(",")] if args.rows else [8 if gpu else 2]
     context = args.context or (32768 if gpu else 256)
     reps = args.reps or (50 if gpu else 2)
     backends = {"query": args.query_backend, "topk": args.topk_backend, "output": args.output_backend}
     backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
-    report: dict = {
-        "geometry": dataclasses.asdict(g),
-        "world": world,
-        "rows": rows,
-        "context": context,
-        "where": f"{world} GPU processes" if gpu else f"{world} CPU processes over host shared memory (interpreter)",
-        "fault": args.fault,
-    }
-    phases = [
-        ("start rank processes", None),
-        ("create peer objects (collective)", lambda pool: pool.run(step.setup, dataclasses.asdict(g), rows, context,
-                                                                    backends, args.memory, args.seed, args.fault)),
-        ("generate weights, activations, KV history", lambda pool: pool.run(step.generate)),
-        ("decode step: query -> indexer/top-k -> attention -> output", lambda pool: pool.run(step.forward)),
-        ("unsharded reference and parity check", lambda pool: pool.run(step.check)),
-        ("time each mechanism against its collective baseline", lambda pool: pool.run(step.timings, reps)),
-        ("capacity", lambda pool: pool.run(step.capacity)),
-        ("close", lambda pool: pool.run(step.teardown)),
+    where = f"{world} GPU processes" if gpu else f"{world} CPU processes over host shared memory (interpreter)"
+    steps = [
+        ("create peer objects (collective)", "objects",
+         lambda pool, rows: pool.run(step.setup, dataclasses.asdict(g), rows, context, backends, args.memory,
+                                     args.seed, args.fault)),
+        ("generate weights, activations, KV history", "data", lambda pool, rows: pool.run(step.generate)),
+        ("decode step: query -> indexer/top-k -> attention -> output", "forward",
+         lambda pool, rows: pool.run(step.forward)),
+        ("unsharded reference and parity check", "check", lambda pool, rows: pool.run(step.check)),
+        ("time each mechanism against its collective baseline", "timings",
+         lambda pool, rows: pool.run(step.timings, reps)),
+        ("capacity", "capacity", lambda pool, rows: pool.run(step.capacity)),
+        ("close", None, lambda pool, rows: pool.run(step.teardown)),
     ]  # fmt: skip
-    keys = [None, "objects", "data", "forward", "check", "timings", "capacity", None]
+    reports = []
     prog = _progress()
-    t0 = time.time()
     pool = None
     try:
         if prog:
             prog.start()
-            task = prog.add_task("peerdcp run", total=len(phases))
-        for (desc, fn), key in zip(phases, keys):
-            if prog:
-                prog.update(task, description=desc)
-            if fn is None:
-                pool = RankPool(world, backend=backend)
-                continue
-            res = fn(pool)
-            if key:
-                report[key] = res
-            if prog:
-                prog.advance(task)
+            task = prog.add_task("start rank processes", total=1 + len(steps) * len(row_list))
+        pool = RankPool(world, backend=backend)
+        if prog:
+            prog.advance(task)
+        for rows in row_list:
+            t0 = time.time()
+            report: dict = {"geometry": dataclasses.asdict(g), "world": world, "rows": rows, "context": context,
+                            "where": where, "fault": args.fault}  # fmt: skip
+            for desc, key, fn in steps:
+                if prog:
+                    prog.update(task, description=f"T={rows}: {desc}")
+                res = fn(pool, rows)
+                if key:
+                    report[key] = res
+                if prog:
+                    prog.advance(task)
+            report["seconds"] = round(time.time() - t0, 1)
+            report["ok"] = all(r["ok"] for r in report["check"])
+            reports.append(report)
     finally:
         if prog:
             prog.stop()
         if pool is not None:
             pool.close()
-    report["seconds"] = round(time.time() - t0, 1)
-    ok = all(r["ok"] for r in report["check"])
-    report["ok"] = ok
-    _print_report(report)
+    for report in reports:
+        _print_report(report)
+    ok = all(r["ok"] for r in reports)
+    if len(reports) > 1:
+        print("overall verdict:", "PASS" if ok else "FAIL")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2, default=str)
+            json.dump(reports[0] if len(reports) == 1 else reports, f, indent=2, default=str)
     if args.png:
-        _plot(report, args.png)
+        _plot(reports, args.png)
     return 0 if ok else 1
 
 
@@ -177,22 +181,24 @@ def _print_report(rep: dict) -> None:
     con.print(f"verdict: {verdict} ({rep['seconds']} s)")
 
 
-def _plot(rep: dict, path: str) -> None:
+def _plot(reports: list[dict], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tm = rep["timings"][0]
-    names = list(tm)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [tm[n]["peerdcp_us"] for n in names], 0.4, label="peerdcp")
-    ax.bar([i + 0.2 for i in x], [tm[n]["baseline_us"] for n in names], 0.4, label="collective baseline")
-    ax.set_xticks(list(x), names)
-    ax.set_ylabel("us per call (slowest rank)")
-    ax.set_title(f"peerdcp run: {rep['geometry']['name']}, T={rep['rows']}, ctx={rep['context']}")
-    ax.legend()
+    names = list(reports[0]["timings"][0])
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
+    rows = [r["rows"] for r in reports]
+    for ax, n in zip(axes[0], names):
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["timings"][0][n]["peerdcp_us"] for r in reports], 0.4, label="peerdcp")
+        ax.bar([i + 0.2 for i in x], [r["timings"][0][n]["baseline_us"] for r in reports], 0.4, label="collective")
+        ax.set_xticks(list(x), [f"T={t}" for t in rows])
+        ax.set_title(n)
+        ax.set_ylabel("us per call (slowest rank, eager)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"peerdcp run: {reports[0]['geometry']['name']}, context {reports[0]['context']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -96,7 +96,7 @@ def run_ranks(target: str, world: int | None = None, *args: Any, timeout: float 
 
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world is None:
-        world = 2 if ngpu >= 2 else max(ngpu, 1)
+        world = 1 if ngpu == 1 else 2
     if ngpu < world:
         raise SystemExit(f"this benchmark needs {world} CUDA GPUs, found {ngpu}")
     with RankPool(world, backend="cpu:gloo,cuda:nccl") as pool:

@@ -1,0 +1,312 @@
+"""Isolated Query-gather benchmark (DESIGN.md section 8): every backend and kernel variant in one run.
+
+    python -m bench.query --quick          # < 90 s on two H200s: 32 heads/rank, FP8, graph (+ eager for two)
+    python -m bench.query                  # heads/rank 16, 32, 64; T 1..512; FP8 and BF16; eager and graph
+
+One process per GPU (W = 2 by default), widened query of nope 512 + rope 64 with the DeepSeek-V3.2 YaRN
+table. Variants (each checked byte-for-byte against allgather-fused on the same inputs before it is timed):
+
+* ``direct-<impl>-<exchange>-<memory>``: QueryGather(backend="direct"), impl cuda | triton, exchange
+  auto | raw | roped, memory vmm | symm;
+* ``direct-<impl>-zerocopy-<memory>``: exposed_shard (its ack wait) + gather_exposed;
+* ``allgather-fused``: pack + NCCL all-gather of the bf16 shards + one fused Triton RoPE/convert kernel;
+* ``allgather-torch``: the same all-gather + the plain-torch reference ops;
+* ``nccl-ag-only``: the NCCL all-gather of the packed bf16 shards alone (the floor of the collective path).
+
+Timing: ``bench.common.time_op`` (``calls`` back-to-back calls per CUDA graph, device barrier before every
+replay, inputs rotated), then the median over replays of the slowest rank. The table printed last is the
+target check: 32 heads per rank, FP8, CUDA graphs; the JSON and PNGs go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bench.common import add_common_args, format_table, header, plot_series, run_ranks, slowest_rank, time_op
+
+TOKENS_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+TOKENS_QUICK = [1, 8, 32, 64, 128, 256]
+TARGET_SPEEDUP = 3.0
+TARGET_T1_US = 6.0
+
+
+def _variants(quick: bool) -> list[tuple[str, dict]]:
+    """(name, QueryGather kwargs + bench flags), in timing order."""
+    v: list[tuple[str, dict]] = []
+    for memory in ("vmm", "symm"):
+        for impl in ("cuda", "triton"):
+            for ex in ("auto", "raw", "roped"):
+                v.append(
+                    (f"direct-{impl}-{ex}-{memory}", dict(backend="direct", memory=memory, impl=impl, exchange=ex))
+                )
+            v.append(
+                (
+                    f"direct-{impl}-zerocopy-{memory}",
+                    dict(backend="direct", memory=memory, impl=impl, exchange="raw", zerocopy=True),
+                )
+            )
+    if quick:
+        keep = {
+            "direct-cuda-auto-vmm",
+            "direct-cuda-raw-vmm",
+            "direct-cuda-roped-vmm",
+            "direct-triton-auto-vmm",
+            "direct-cuda-auto-symm",
+            "direct-cuda-zerocopy-vmm",
+        }
+        v = [x for x in v if x[0] in keep]
+    v.append(("allgather-fused", dict(backend="allgather", impl="triton")))
+    v.append(("allgather-torch", dict(backend="allgather", impl="torch")))
+    v.append(("nccl-ag-only", dict(backend="allgather", impl="triton", ag_only=True)))
+    return v
+
+
+# eager timings (Python launch overhead dominates them) only for these
+EAGER_VARIANTS = {
+    "direct-cuda-auto-vmm",
+    "direct-triton-auto-vmm",
+    "direct-cuda-zerocopy-vmm",
+    "direct-cuda-auto-symm",
+    "allgather-fused",
+    "allgather-torch",
+    "nccl-ag-only",
+}
+EAGER_QUICK = {"direct-cuda-auto-vmm", "allgather-fused"}
+
+
+def rank_main(cfg: dict) -> list[dict]:
+    import torch.distributed as dist
+
+    from peerdcp.query import QueryGather
+    from peerdcp.query.gather import _all_gather_into
+    from peerdcp.query.rope import cos_sin_cache
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    W, me = dist.get_world_size(), dist.get_rank()
+    cs = cos_sin_cache("deepseek-v3.2", device=dev)
+    rows: list[dict] = []
+    max_T = max(cfg["tokens"])
+    for H in cfg["heads"]:
+        for out_name in cfg["dtypes"]:
+            out_dtype = torch.float8_e4m3fn if out_name == "fp8" else torch.bfloat16
+            objs: dict[str, tuple[QueryGather, dict]] = {}
+            for name, kw in _variants(cfg["quick"]):
+                kw = dict(kw)
+                flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only") if k in kw}
+                t0 = time.time()
+                objs[name] = (QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw), flags)
+                if me == 0 and cfg["verbose"]:
+                    print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
+            for T in cfg["tokens"]:
+                g = torch.Generator(device=dev).manual_seed(1000 * me + T)
+                sets = [
+                    (
+                        torch.randn(T, H, 512, device=dev, generator=g).to(torch.bfloat16),
+                        torch.randn(T, H, 64, device=dev, generator=g).to(torch.bfloat16),
+                        torch.randint(0, cs.shape[0], (T,), device=dev, generator=g),
+                    )
+                    for _ in range(cfg["sets"])
+                ]
+                # the reference bytes: allgather-fused on input set 0 (every variant must match them)
+                ag, _ = objs["allgather-fused"]
+                ref_out = torch.empty((T, ag.out_heads, ag.head_dim), dtype=out_dtype, device=dev)
+                ag.gather(sets[0][0], sets[0][1], sets[0][2], cs, out=ref_out)
+                ref = ref_out.view(torch.uint8)
+                for name, (qg, flags) in objs.items():
+                    out = torch.empty((T, qg.out_heads, qg.head_dim), dtype=out_dtype, device=dev)
+                    if flags.get("ag_only"):
+                        staging = qg._staging[:T]
+                        gathered = qg._gathered[: W * T * H * qg.head_dim]
+
+                        def step(i, qg=qg, staging=staging, gathered=gathered):
+                            _all_gather_into(gathered, staging, qg._info)
+
+                    elif flags.get("zerocopy"):
+                        zn, zp = qg.exposed_shard(T)
+                        zn.copy_(sets[0][0])
+                        zp.copy_(sets[0][1])
+                        qg.gather_exposed(sets[0][2], cs)
+
+                        def step(i, qg=qg, out=out, T=T):
+                            qg.exposed_shard(T)  # the ack wait; the projection would write the views here
+                            qg.gather_exposed(sets[i % len(sets)][2], cs, out=out)
+
+                    else:
+
+                        def step(i, qg=qg, out=out):
+                            n, p, pos = sets[i % len(sets)]
+                            qg.gather(n, p, pos, cs, out=out)
+
+                    ok = None
+                    if not flags.get("ag_only"):
+                        step(0)
+                        torch.cuda.synchronize()
+                        ok = bool(torch.equal(out.view(torch.uint8), ref))
+                    for mode in cfg["modes"]:
+                        if mode == "eager" and name not in (EAGER_QUICK if cfg["quick"] else EAGER_VARIANTS):
+                            continue
+                        us = time_op(step, graph=mode == "graph", calls=cfg["calls"], iters=cfg["iters"])
+                        st = slowest_rank(us)
+                        rows.append(
+                            dict(
+                                H=H,
+                                out=out_name,
+                                T=T,
+                                variant=name,
+                                mode=mode,
+                                us=st.median,
+                                p20=st.p20,
+                                p80=st.p80,
+                                n=st.n,
+                                ok=ok,
+                            )
+                        )
+                    qg.check()
+            for qg, _ in objs.values():
+                qg.close()
+    return rows
+
+
+def _best_direct(rows: list[dict], H: int, out: str, T: int, mode: str) -> dict | None:
+    cands = [
+        r
+        for r in rows
+        if r["H"] == H and r["out"] == out and r["T"] == T and r["mode"] == mode and r["variant"].startswith("direct")
+    ]
+    return min(cands, key=lambda r: r["us"]) if cands else None
+
+
+def _lookup(rows, H, out, T, mode, variant):
+    for r in rows:
+        if (r["H"], r["out"], r["T"], r["mode"], r["variant"]) == (H, out, T, mode, variant):
+            return r
+    return None
+
+
+def summary(rows: list[dict], H: int, out: str, mode: str) -> list[dict]:
+    table = []
+    for T in sorted({r["T"] for r in rows if r["H"] == H and r["out"] == out and r["mode"] == mode}):
+        ag = _lookup(rows, H, out, T, mode, "allgather-fused")
+        best = _best_direct(rows, H, out, T, mode)
+        agonly = _lookup(rows, H, out, T, mode, "nccl-ag-only")
+        dflt = _lookup(rows, H, out, T, mode, "direct-cuda-auto-vmm")
+        if ag is None or best is None:
+            continue
+        speed = ag["us"] / best["us"]
+        ok = speed >= TARGET_SPEEDUP and (T != 1 or best["us"] <= TARGET_T1_US)
+        table.append(
+            {
+                "T": T,
+                "nccl_ag_only": agonly["us"] if agonly else None,
+                "allgather_fused": ag["us"],
+                "direct_default": dflt["us"] if dflt else None,
+                "direct_best": best["us"],
+                "best_variant": best["variant"],
+                "speedup": speed,
+                "target": "met" if ok else "MISSED" if T <= 256 else "-",
+                "bytes_ok": all(r["ok"] is not False for r in rows if r["T"] == T and r["H"] == H and r["out"] == out),
+            }
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = add_common_args(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter))
+    p.add_argument("--heads", type=int, nargs="*", default=None, help="heads per rank (default 16 32 64; quick 32)")
+    p.add_argument("--tokens", type=int, nargs="*", default=None, help="T values (default 1..512)")
+    p.add_argument("--dtypes", nargs="*", default=None, choices=["fp8", "bf16"], help="outputs (default both)")
+    p.add_argument("--modes", nargs="*", default=None, choices=["graph", "eager"], help="default both")
+    p.add_argument("--verbose", action="store_true", help="print each object's reason")
+    args = p.parse_args(argv)
+    quick = args.quick
+    cfg = {
+        "quick": quick,
+        "heads": args.heads or ([32] if quick else [16, 32, 64]),
+        "tokens": args.tokens or (TOKENS_QUICK if quick else TOKENS_FULL),
+        "dtypes": args.dtypes or (["fp8"] if quick else ["fp8", "bf16"]),
+        "modes": args.modes or ["graph", "eager"],
+        "iters": args.iters or (30 if quick else 100),
+        "calls": args.calls or 20,
+        "sets": 4,
+        "verbose": args.verbose,
+    }
+    # build the CUDA kernel once here, so the ranks only load it
+    from peerdcp.query import ops
+
+    t0 = time.time()
+    try:
+        ops.load()
+        print(f"CUDA kernel ready ({time.time() - t0:.1f}s)", flush=True)
+    except Exception as e:  # noqa: BLE001 - the ranks fall back to Triton and say so
+        print(f"CUDA kernel unavailable: {e}", flush=True)
+    t0 = time.time()
+    results = run_ranks("bench.query:rank_main", args.world, cfg)
+    rows = results[0]  # timings are the slowest rank's on every rank; the byte check must hold on all
+    for i, r in enumerate(rows):
+        r["ok"] = None if r["ok"] is None else all(res[i]["ok"] for res in results)
+    hdr = header()
+    hdr["wall_s"] = round(time.time() - t0, 1)
+    hdr["config"] = cfg
+    from pathlib import Path
+
+    from bench.common import write_json
+
+    outdir = Path(args.out)
+    path = write_json(outdir / "query.json", {"header": hdr, "rows": rows})
+    for H in cfg["heads"]:
+        for out in cfg["dtypes"]:
+            series = {}
+            for v in sorted({r["variant"] for r in rows if r["mode"] == "graph"}):
+                pts = sorted(
+                    (r["T"], r["us"])
+                    for r in rows
+                    if (r["H"], r["out"], r["variant"], r["mode"]) == (H, out, v, "graph")
+                )
+                if pts:
+                    series[v] = ([x for x, _ in pts], [y for _, y in pts])
+            plot_series(
+                outdir / f"query_H{H}_{out}.png",
+                series,
+                title=f"Query gather, W=2, {H} heads/rank, {out}, CUDA graph",
+                xlabel="T (tokens)",
+            )
+    cols = ["H", "out", "T", "variant", "mode", "us", "p20", "p80", "ok"]
+    print(format_table(sorted(rows, key=lambda r: (r["H"], r["out"], r["mode"], r["T"], r["us"])), cols))
+    for H in cfg["heads"]:
+        for out in cfg["dtypes"]:
+            if (H, out) == (32, "fp8"):
+                continue
+            print(f"\nH={H} {out} graph (µs, slowest rank, median):")
+            print(
+                format_table(
+                    summary(rows, H, out, "graph"), ["T", "allgather_fused", "direct_best", "speedup", "best_variant"]
+                )
+            )
+    print(
+        f"\nJSON: {path}; PNG: {outdir}/query_H*_*.png; {hdr.get('gpu')} x{hdr.get('gpus')}, torch {hdr['torch']}, "
+        f"triton {hdr['triton']}, wall {hdr['wall_s']} s"
+    )
+    key = (32, "fp8") if 32 in cfg["heads"] and "fp8" in cfg["dtypes"] else (cfg["heads"][0], cfg["dtypes"][0])
+    print(
+        f"\nTARGET: W=2, {key[0]} heads/rank, {key[1]}, CUDA graph: direct >= {TARGET_SPEEDUP}x allgather-fused "
+        f"for T <= 256 and <= {TARGET_T1_US} us at T=1"
+    )
+    cols = [
+        "T",
+        "nccl_ag_only",
+        "allgather_fused",
+        "direct_default",
+        "direct_best",
+        "best_variant",
+        "speedup",
+        "target",
+        "bytes_ok",
+    ]
+    print(format_table(summary(rows, key[0], key[1], "graph"), cols))
+
+
+if __name__ == "__main__":
+    main()

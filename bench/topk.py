@@ -1,0 +1,289 @@
+"""Indexer / Top-K benchmark (DESIGN.md sections 8-9): ``python -m bench.topk [--quick] [--out DIR]``.
+
+Part 1 - the merge alone (top-k 2048, rows 1 ... 512): every rank holds its local canonical candidates
+(``int64 [rows, 2048]`` packed keys, as ``TopK.local_candidates`` makes them) and needs the exact global
+top-k:
+
+* ``direct``     - ``TopK.merge`` over peer memory (publish kernel + merge kernel);
+* ``allgather``  - ``TopK`` with ``backend="allgather"``: NCCL all-gather of the candidates + the same merge;
+* ``baseline``   - the DESIGN.md section 9 baseline: NCCL all-gather of the candidates + ``torch.topk`` on
+  the unique int64 keys (+ id extraction). Target: ``direct`` >= 4x faster at every row count.
+
+Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer heads x 128) and GLM-5
+(32 heads), rows 1 ... 128 (one sequence per row, paged):
+
+* ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
+* ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge).
+  Targets: ``sh_score <= 1.1/W * rep_score``; index-K bytes per rank = 1/W of replicated.
+
+Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
+the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
+last; writes ``topk.json``, ``topk_merge.png`` and ``topk_indexer.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from bench.common import add_common_args, header, plot_series, run_ranks, slowest_rank, time_op
+
+K = 2048
+MODELS = {"DeepSeek-V3.2": 64, "GLM-5": 32}
+
+
+def _ids_from_keys(v: torch.Tensor) -> torch.Tensor:
+    return torch.where(v >= 0, 0x7FFFFFFF - (v & 0x7FFFFFFF), torch.full_like(v, -1)).to(torch.int32)
+
+
+def _device(cfg: dict) -> torch.device:
+    if cfg["device"] == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _time(cfg: dict, fn, *, graph: bool = True) -> float:
+    """Median µs per call of the slowest rank (CUDA graph unless ``graph=False``); wall clock on CPU."""
+    if cfg["device"] == "cuda":
+        return slowest_rank(time_op(fn, graph=graph, calls=cfg["calls"], iters=cfg["iters"])).median
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    for i in range(cfg["calls"]):
+        fn(i)
+    us = [(time.perf_counter() - t0) * 1e6 / cfg["calls"]]
+    dist.barrier()
+    return slowest_rank(us).median
+
+
+def allgather_topk(keys: torch.Tensor, W: int, group=None) -> torch.Tensor:
+    """Baseline: NCCL all-gather of ``keys [T, K]`` + ``torch.topk`` over the ``W*K`` unique keys."""
+    import torch.distributed as dist
+
+    T = keys.shape[0]
+    g = torch.empty(W * T, K, dtype=torch.int64, device=keys.device)
+    dist.all_gather_into_tensor(g, keys, group=group)
+    cand = g.view(W, T, K).transpose(0, 1).reshape(T, W * K)
+    return _ids_from_keys(torch.topk(cand, K, dim=1, largest=True, sorted=True).values)
+
+
+# ----------------------------------------------------------------------------------------- part 1
+def merge_rank(cfg: dict) -> list[dict]:
+    import torch.distributed as dist
+
+    import peerdcp
+
+    W, r = dist.get_world_size(), dist.get_rank()
+    dev = _device(cfg)
+    out = []
+    max_rows = max(cfg["rows"])
+    with (
+        peerdcp.TopK(max_rows=max_rows, topk=K, backend="direct", device=dev) as tkd,
+        peerdcp.TopK(max_rows=max_rows, topk=K, backend="allgather", device=dev) as tka,
+    ):
+        for T in cfg["rows"]:
+            g = torch.Generator(device=dev).manual_seed(1000 * T + r)
+            lloc = 2 * K  # every rank has more than K tokens: K valid candidates each
+            lens = torch.full((T,), W * lloc, dtype=torch.int64, device=dev)
+            sets = []
+            for _ in range(4):
+                logits = torch.randn(T, lloc, generator=g, device=dev)
+                logits = torch.round(logits * 8) / 8  # ties, as FP8 scores have
+                sets.append(tkd.local_candidates(logits, lens))
+            exact = all(
+                torch.equal(tkd.merge(s), allgather_topk(s, W)) and torch.equal(tka.merge(s), tkd.merge(s))
+                for s in sets
+            )
+            row = {"rows": T, "exact": exact, "memory": tkd.memory}
+            ops = {
+                "direct": lambda i: tkd.merge(sets[i % 4]),
+                "allgather": lambda i: tka.merge(sets[i % 4]),
+                "baseline": lambda i: allgather_topk(sets[i % 4], W),
+            }
+            for name, fn in ops.items():
+                row[name] = _time(cfg, fn)
+                if cfg["eager"]:
+                    row[name + "_eager"] = _time(cfg, fn, graph=False)
+            row["speedup"] = row["baseline"] / row["direct"]
+            row["vs_allgather"] = row["allgather"] / row["direct"]
+            out.append(row)
+        tkd.check()
+    return out if r == 0 else []
+
+
+# ----------------------------------------------------------------------------------------- part 2
+def _random_keys(n: int, gen: torch.Generator, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` random FP8 keys (no NaN bytes) and power-of-two scales."""
+    data = torch.randint(0, 256, (n, 128), generator=gen, device=dev, dtype=torch.uint8)
+    data[(data & 0x7F) == 0x7F] -= 1  # 0x7F / 0xFF are NaN in e4m3fn
+    scales = torch.exp2(torch.randint(-9, -3, (n,), generator=gen, device=dev).float())
+    return data.view(torch.float8_e4m3fn), scales
+
+
+def indexer_rank(cfg: dict) -> list[dict]:
+    import torch.distributed as dist
+
+    import peerdcp
+    from peerdcp.topk import canonical_topk, indexer_logits
+
+    W, r = dist.get_world_size(), dist.get_rank()
+    dev = _device(cfg)
+    out = []
+    tk = peerdcp.TopK(max_rows=max(cfg["index_rows"]), topk=K, device=dev)
+    try:
+        for model, H in MODELS.items():
+            for ctx in cfg["contexts"]:
+                for T in cfg["index_rows"]:
+                    gen = torch.Generator(device=dev).manual_seed(ctx + T + H)
+                    caches = {}
+                    for lay in ("replicated", "owner_sharded"):
+                        # one sequence per row, each starting on an aligned logical slot (IndexKCache.seq_align)
+                        align = 64 * W if lay == "owner_sharded" else 64
+                        span = -(-ctx // align) * align
+                        c = peerdcp.IndexKCache(capacity_tokens=T * span, layout=lay, device=dev)
+                        starts = torch.arange(T, device=dev, dtype=torch.int64) * span
+                        npg = -(-(ctx if lay == "replicated" else -(-ctx // W)) // c.page_size)
+                        caches[lay] = (c, c.block_table(starts, npg), span)
+                    for i in range(T):  # the same tokens into both caches (sharded keeps its own)
+                        k8, ks = _random_keys(ctx, gen, dev)
+                        for c, _, span in caches.values():
+                            c.write(i * span + torch.arange(ctx, device=dev), k8, ks)
+                    q = (torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn)
+                    w = torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5
+                    lens = torch.full((T,), ctx, dtype=torch.int64, device=dev)
+                    (rc, rtab, _), (sc, stab, _) = caches["replicated"], caches["owner_sharded"]
+
+                    def rep_score(i, rc=rc, rtab=rtab, q=q, w=w, lens=lens, ctx=ctx):
+                        return indexer_logits(q, w, rc, lens, block_table=rtab, max_seq_len=ctx)
+
+                    def sh_score(i, sc=sc, stab=stab, q=q, w=w, lens=lens, ctx=ctx):
+                        return indexer_logits(q, w, sc, lens, block_table=stab, max_seq_len=ctx)
+
+                    def rep_pipe(i, lens=lens, rep_score=rep_score):
+                        return canonical_topk(rep_score(i), lens, K)
+
+                    def sh_pipe(i, lens=lens, sh_score=sh_score):
+                        return tk.select(sh_score(i), lens)
+
+                    exact = torch.equal(rep_pipe(0), sh_pipe(0))
+                    row = {"model": model, "ctx": ctx, "rows": T, "exact": exact}
+                    for name, fn in (
+                        ("rep_score", rep_score),
+                        ("sh_score", sh_score),
+                        ("rep_pipe", rep_pipe),
+                        ("sh_pipe", sh_pipe),
+                    ):
+                        row[name] = _time(cfg, fn)
+                    row["score_ratio"] = row["sh_score"] / row["rep_score"]
+                    row["score_target"] = 1.1 / W
+                    row["pipe_speedup"] = row["rep_pipe"] / row["sh_pipe"]
+                    row["bytes_rep_MB"] = rc.nbytes / 2**20
+                    row["bytes_sh_MB"] = sc.nbytes / 2**20
+                    row["bytes_ratio"] = sc.nbytes / rc.nbytes
+                    out.append(row)
+                    rc.close()
+                    sc.close()
+                    del caches, rtab, stab
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+        tk.check()
+    finally:
+        tk.close()
+    return out if r == 0 else []
+
+
+def rank_main(cfg: dict) -> dict:
+    t0 = time.time()
+    merge = merge_rank(cfg)
+    t1 = time.time()
+    index = indexer_rank(cfg) if cfg["contexts"] else []
+    return {"merge": merge, "indexer": index, "seconds": (t1 - t0, time.time() - t1)}
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    from bench.common import format_table
+
+    return format_table(rows, cols)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.topk", description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--eager", action="store_true", help="also time the merge eagerly (no CUDA graph)")
+    p.add_argument("--no-indexer", action="store_true", help="skip part 2")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="check this script's code paths on CPU (gloo, Triton interpreter, tiny sizes); times mean nothing",
+    )
+    args = p.parse_args(argv)
+    if args.cpu_smoke:
+        cfg = {"rows": [1, 3], "index_rows": [1, 2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
+        cfg.update(calls=2, eager=False, device="cpu")
+        return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())
+    cfg = {
+        "rows": [1, 8, 32, 128, 512] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+        "index_rows": [1, 32] if args.quick else [1, 8, 32, 64, 128],
+        "contexts": [] if args.no_indexer else ([32768, 131072]),
+        "iters": args.iters or (20 if args.quick else 100),
+        "calls": args.calls or (10 if args.quick else 20),
+        "eager": args.eager,
+        "device": "cuda",
+    }
+    t0 = time.time()
+    res = run_ranks("bench.topk:rank_main", args.world, cfg)[0]
+    return _report(res, cfg, args, t0)
+
+
+def _smoke(cfg: dict, world: int) -> dict:
+    from peerdcp.launch import RankPool
+
+    with RankPool(world, backend="gloo") as pool:
+        return pool.run(rank_main, cfg, timeout=1200)[0]
+
+
+def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
+    hdr = header()
+    hdr["world"] = args.world or 2
+    from pathlib import Path
+
+    from bench.common import write_json
+
+    outdir = Path(args.out)
+    write_json(outdir / "topk.json", {"header": hdr, "config": cfg, **res})
+    merge, index = res["merge"], res["indexer"]
+    if merge:
+        xs = [m["rows"] for m in merge]
+        series = {n: (xs, [m[n] for m in merge]) for n in ("direct", "allgather", "baseline")}
+        plot_series(outdir / "topk_merge.png", series, title="Top-K merge, top-k 2048", xlabel="rows", logy=True)
+    if index:
+        series = {}
+        for model in MODELS:
+            for ctx in cfg["contexts"]:
+                sel = [x for x in index if x["model"] == model and x["ctx"] == ctx]
+                xs = [x["rows"] for x in sel]
+                for n in ("rep_pipe", "sh_pipe"):
+                    series[f"{model} {ctx // 1024}K {n}"] = (xs, [x[n] for x in sel])
+        plot_series(outdir / "topk_indexer.png", series, title="Indexer + Top-K pipeline", xlabel="rows", logy=True)
+    print(f"# bench.topk  {hdr.get('gpu', 'no GPU')} x{hdr['world']}  torch {hdr['torch']}  triton {hdr['triton']}")
+    print(f"# wall {time.time() - t0:.0f} s (merge {res['seconds'][0]:.0f} s, indexer {res['seconds'][1]:.0f} s)")
+    print(f"# json: {outdir / 'topk.json'}")
+    if index:
+        print("\nIndexer pipeline (µs; score_ratio target <= score_target; bytes per rank)")
+        cols = ["model", "ctx", "rows", "exact", "rep_score", "sh_score", "score_ratio", "score_target"]
+        cols += ["rep_pipe", "sh_pipe", "pipe_speedup", "bytes_rep_MB", "bytes_sh_MB", "bytes_ratio"]
+        print(_table(index, cols))
+    if merge:
+        print("\nTop-K merge, top-k 2048 (µs, CUDA graph, slowest rank; speedup = baseline / direct, target >= 4)")
+        cols = ["rows", "exact", "memory", "direct", "allgather", "baseline", "speedup", "vs_allgather"]
+        if cfg["eager"]:
+            cols += ["direct_eager", "baseline_eager"]
+        print(_table(merge, cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+// Device helpers shared by peerdcp's CUDA kernels (generic: no mechanism-specific layout here).
+//
+// Memory-ordering vocabulary (PTX memory model):
+//   * st_release_sys: a system-scope release store. Issued by one thread right after __syncthreads(), it
+//     orders every store the CTA made before the barrier (bar.sync is CTA-scope synchronization, and
+//     causality order is transitive) before the flag, for any observer that acquires the flag.
+//   * ld_acquire_sys: the matching acquire load; later loads (of this thread, and of the CTA after a
+//     __syncthreads()) observe everything the releasing CTA stored before its release.
+//   * Inbox payload is read with __ldcg (L2, never L1), so no line cached from an earlier use of the
+//     same slot can be returned.
+//   * Errors go to an int64[8] word in pinned, device-mapped host memory:
+//       [0] set, [1] waiting rank, [2] missing peer, [3] mechanism code, [4] awaited value, [7] claim.
+//     The host reads it without synchronizing the stream; nothing here ever traps.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace peerdcp {
+
+__device__ __forceinline__ void st_release_sys(int64_t* p, int64_t v) {
+  asm volatile("st.release.sys.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ int64_t ld_acquire_sys(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.acquire.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// LL (NCCL's low-latency protocol): 8-byte words {4 data bytes, 4 flag bytes}, two per 16-byte store.
+// An aligned 8-byte store is seen whole, so a reader that sees the flag of a word sees its data: no
+// fence and no separate flag. Volatile accesses go to L2 (never L1).
+__device__ __forceinline__ void st_volatile_v4(uint4* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+__device__ __forceinline__ void st_volatile_v2(uint2* p, uint32_t a, uint32_t b) {
+  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint2 ld_volatile_v2(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  return v;
+}
+
+// Record a timed-out wait. Plain volatile stores, no atomics: atomics on pinned host memory are not
+// native over PCIe. Two waits expiring at once may interleave their fields; the word stays "set".
+// The fields are written before the "set" word [0].
+__device__ __forceinline__ void report_timeout(int64_t* err, int rank, int peer, int mech, int64_t value) {
+  if (err == nullptr) return;
+  volatile int64_t* e = err;
+  if (e[7] != 0) return;  // an earlier timeout is already recorded
+  e[7] = 1;
+  e[1] = rank;
+  e[2] = peer;
+  e[3] = mech;
+  e[4] = value;
+  __threadfence_system();
+  e[0] = 1;
+}
+
+// Bounded acquire poll of an int64 flag until it equals `value`. Returns false after `timeout_ns`
+// (and records the error): the caller must then skip the data it waited for. Never traps.
+__device__ __forceinline__ bool wait_equal_sys(const int64_t* flag, int64_t value, int64_t timeout_ns, int64_t* err,
+                                               int rank, int peer, int mech) {
+  if (ld_acquire_sys(flag) == value) return true;
+  const uint64_t t0 = global_timer_ns();
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (ld_acquire_sys(flag) == value) return true;
+    }
+    if (static_cast<int64_t>(global_timer_ns() - t0) > timeout_ns) break;
+  }
+  if (ld_acquire_sys(flag) == value) return true;
+  report_timeout(err, rank, peer, mech, value);
+  return false;
+}
+
+// 8 x 16-bit floats <-> 8 floats (bf16 or fp16 payloads travel as uint4). Pure bit operations on the
+// four 32-bit words, so the vectors stay in registers (no address is taken).
+template <typename T>
+struct Pack8;
+
+template <>
+struct Pack8<__nv_bfloat16> {
+  static __device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
+  static __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+           (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16);
+  }
+  static __device__ __forceinline__ void to_float(const uint4 v, float f[8]) {
+    f[0] = lo(v.x), f[1] = hi(v.x), f[2] = lo(v.y), f[3] = hi(v.y);
+    f[4] = lo(v.z), f[5] = hi(v.z), f[6] = lo(v.w), f[7] = hi(v.w);
+  }
+  static __device__ __forceinline__ uint4 from_float(const float f[8]) {
+    return make_uint4(pack(f[0], f[1]), pack(f[2], f[3]), pack(f[4], f[5]), pack(f[6], f[7]));
+  }
+};
+
+template <>
+struct Pack8<__half> {
+  static __device__ __forceinline__ float lo(uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w & 0xffffu))); }
+  static __device__ __forceinline__ float hi(uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w >> 16))); }
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    return uint32_t(__half_as_ushort(__float2half_rn(a))) | (uint32_t(__half_as_ushort(__float2half_rn(b))) << 16);
+  }
+  static __device__ __forceinline__ void to_float(const uint4 v, float f[8]) {
+    f[0] = lo(v.x), f[1] = hi(v.x), f[2] = lo(v.y), f[3] = hi(v.y);
+    f[4] = lo(v.z), f[5] = hi(v.z), f[6] = lo(v.w), f[7] = hi(v.w);
+  }
+  static __device__ __forceinline__ uint4 from_float(const float f[8]) {
+    return make_uint4(pack(f[0], f[1]), pack(f[2], f[3]), pack(f[4], f[5]), pack(f[6], f[7]));
+  }
+};
+
+}  // namespace peerdcp

@@ -1,0 +1,463 @@
+// peerdcp Output/LSE exchange: the fused producer-direct kernel (CUDA fast path).
+//
+// One launch does publish -> release signal -> bounded acquire wait -> combine, on a grid of G CTAs
+// that does not depend on T. It implements exactly the protocol and inbox layout of the Triton twin
+// (peerdcp/output/kernels.py, `direct_kernel`; layout: `InboxLayout`):
+//
+//   inbox of rank r (bytes):  flags   int64 [2 slots][G][W]                at 0
+//                             lse     fp32  [2][W src][max_tokens][H]      at lse_off
+//                             payload dtype [2][W src][max_tokens][H][D]   at payload_off
+//
+// * Work unit u = t * NC + c (token t, heads [c*HU, c*HU+HU) of a destination's slice); CTA p owns
+//   units p, p+G, p+2G, ... On every rank the same T and G give the same partition, so CTA p of rank A
+//   publishes exactly what CTA p of rank B combines and waits only for flags of its peers' CTA p.
+//   G <= co-resident CTAs (host side) keeps that deadlock-free; the bounded wait catches the rest.
+// * epochs[p] is touched only by CTA p; every CTA runs in every call, so all counters equal the call
+//   count. slot = epoch & 1; flag value = epoch * 2^20 + T (a peer with another T never matches).
+// * Two slots suffice: rank A writes slot n%2 in call n only after its call n-1 completed (stream
+//   order), and call n-1 waited for B's call-(n-1) flags, which B raised after its call n-2 - the last
+//   reader of slot n%2 - completed (stream order on B).
+// * A rank never publishes to itself: the combine reads its own slice from the input.
+// * Combine: sanitize NaN/+inf -> -inf; m = max (0 if -inf); w = b^(l - m); out = sum(w*o) / S. The
+//   inbox payload is loaded speculatively (in the same round trip as the LSEs), but a source with
+//   w == 0 is dropped by a select, never multiplied: its stale / NaN bytes cannot reach the result.
+//   All sources empty -> out 0, lse -inf.
+//
+// For T <= ll_max_tokens the host's launch picks the LL twin (output_direct_ll_kernel, below): flags
+// carried inside the payload words, no fence, no flag round trip.
+//
+// C ABI: peerdcp_output_direct(const OutputDirectParams*, cudaStream_t, int device) -> cudaError_t (as int).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kMaxWorld = 8;
+constexpr int kBlock = 256;     // threads per CTA
+constexpr int kPubUnroll = 4;   // 16-byte loads in flight per thread while publishing
+constexpr int kCombUnroll = 2;  // output vectors per thread per combine round
+constexpr int64_t kTokenSpace = int64_t(1) << 20;
+
+// Mirrors peerdcp/output/ops.py::OutputDirectParams (ctypes). Keep the order and types in sync;
+// peerdcp_output_direct_params_size() lets Python check the size.
+struct OutputDirectParams {
+  const void* partial_out;  // [T, W*H, D] bf16/fp16, contiguous, 16-byte aligned
+  const float* partial_lse; // [T, W*H] fp32, contiguous
+  void* out;                // [T, H, D], contiguous, 16-byte aligned
+  float* out_lse;           // [T, H] fp32 or nullptr
+  int64_t* epochs;          // [G] device memory, this rank only
+  int64_t* err;             // int64[8] pinned host memory (device-mapped)
+  char* peer_base[kMaxWorld];  // inbox base of every rank, as mapped in this process
+  int64_t lse_off;
+  int64_t payload_off;
+  int64_t timeout_ns;
+  int64_t ll_off;           // LL region (see output_direct_ll_kernel)
+  int32_t T, rank, W, H, D, max_tokens, G, heads_per_unit;
+  int32_t base2, mech, dtype;  // dtype: 0 = bf16, 1 = fp16
+  int32_t ll_max_tokens;    // calls with T <= this use the LL kernel (0: never)
+};
+
+__device__ __forceinline__ float sanitize(float l) { return (l < INFINITY) ? l : -INFINITY; }  // NaN, +inf -> -inf
+
+// The combine rule for one output vector (8 elements) from W sources: own source `rank` in (own_l, own_v),
+// the others in (l[s], x[s]). A source with weight 0 is dropped by a select (its payload is never used).
+template <typename scalar_t, int WMAX>
+__device__ __forceinline__ void combine_store(const OutputDirectParams& p, float own_l, uint4 own_v,
+                                              const float (&l)[WMAX], const uint4 (&x)[WMAX], int t, int h, int j) {
+  using P8 = peerdcp::Pack8<scalar_t>;
+  const int W = p.W, rank = p.rank, H = p.H, VH = p.D >> 3;
+  float ls[WMAX];
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < WMAX; ++s) {
+    if (s < W) {
+      ls[s] = sanitize(s == rank ? own_l : l[s]);
+      m = fmaxf(m, ls[s]);
+    }
+  }
+  if (m == -INFINITY) m = 0.f;
+  float acc[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) acc[q] = 0.f;
+  float S = 0.f;
+#pragma unroll
+  for (int s = 0; s < WMAX; ++s) {
+    if (s < W) {
+      const float w = p.base2 ? exp2f(ls[s] - m) : __expf(ls[s] - m);
+      S += w;
+      if (w > 0.f) {  // select, never 0 * payload
+        float f[8];
+        P8::to_float(s == rank ? own_v : x[s], f);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc[q] = fmaf(w, f[q], acc[q]);
+      }
+    }
+  }
+  const float inv = S > 0.f ? 1.f / S : 0.f;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) acc[q] *= inv;
+  reinterpret_cast<uint4*>(p.out)[int64_t(t) * H * VH + int64_t(h) * VH + j] = P8::from_float(acc);
+  if (p.out_lse != nullptr && j == 0) {
+    p.out_lse[int64_t(t) * H + h] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+  }
+}
+
+// Output vector item i of CTA prog -> (t, h, j); false past the end or in a partial head chunk's padding.
+__device__ __forceinline__ bool decode_item(const OutputDirectParams& p, int prog, int NC, int UV, int items, int i,
+                                            int& t, int& h, int& j) {
+  if (i >= items) return false;
+  const int VH = p.D >> 3, HU = p.heads_per_unit;
+  const int ku = i / UV;
+  const int vi = i - ku * UV;
+  const int u = prog + ku * p.G;
+  t = u / NC;
+  const int h0 = (u - t * NC) * HU;
+  if (vi >= min(HU, p.H - h0) * VH) return false;
+  h = h0 + vi / VH;
+  j = vi - (vi / VH) * VH;
+  return true;
+}
+
+template <typename scalar_t, int WMAX>
+__global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_constant__ OutputDirectParams p) {
+  const int prog = blockIdx.x;
+  const int tid = threadIdx.x;
+  __shared__ int64_t s_epoch;
+  __shared__ int s_ok;
+  if (tid == 0) {
+    const int64_t e = p.epochs[prog] + 1;
+    p.epochs[prog] = e;
+    s_epoch = e;
+    s_ok = 1 << p.rank;
+  }
+  __syncthreads();
+  const int64_t e = s_epoch;
+  const int slot = static_cast<int>(e & 1);
+  const int64_t fv = e * kTokenSpace + p.T;
+  const int W = p.W, H = p.H, rank = p.rank, G = p.G;
+  const int HU = p.heads_per_unit;
+  const int NC = (H + HU - 1) / HU;
+  const int n_units = p.T * NC;
+  if (prog >= n_units) return;  // idle CTA: only the epoch advances (its peers' CTA p is idle too)
+
+  const int VH = p.D >> 3;          // 16-byte vectors per head
+  const int UV = HU * VH;           // vectors per unit and destination
+  const int64_t HV = int64_t(H) * VH;   // vectors per (token, source) slice
+  const int64_t WHV = int64_t(W) * HV;  // vectors per token of partial_out
+  const int my_units = (n_units - 1 - prog) / G + 1;
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;  // my rows in every destination inbox
+
+  // ---- 1. publish payload: (unit, destination != rank, vector) items, kPubUnroll loads in flight
+  const int nd = W - 1;
+  const int per_unit = nd * UV;
+  const int pub_items = my_units * per_unit;
+  for (int i0 = tid; i0 < pub_items; i0 += kBlock * kPubUnroll) {
+    uint4 v[kPubUnroll];
+    uint4* dst[kPubUnroll];
+#pragma unroll
+    for (int k = 0; k < kPubUnroll; ++k) {
+      dst[k] = nullptr;
+      const int i = i0 + k * kBlock;
+      if (i < pub_items) {
+        const int ku = i / per_unit;
+        const int r = i - ku * per_unit;
+        const int dj = r / UV;
+        const int vi = r - dj * UV;
+        const int u = prog + ku * G;
+        const int t = u / NC;
+        const int h0 = (u - t * NC) * HU;
+        if (vi < min(HU, H - h0) * VH) {
+          const int d = dj + (dj >= rank);
+          const int64_t off = int64_t(h0) * VH + vi;
+          v[k] = __ldg(src + t * WHV + d * HV + off);
+          dst[k] = reinterpret_cast<uint4*>(p.peer_base[d] + p.payload_off) + (my_row0 + t) * HV + off;
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPubUnroll; ++k) {
+      if (dst[k] != nullptr) *dst[k] = v[k];
+    }
+  }
+  // ---- 1b. publish LSE: (unit, destination, head) items
+  const int lse_per_unit = nd * HU;
+  const int lse_items = my_units * lse_per_unit;
+  for (int i = tid; i < lse_items; i += kBlock) {
+    const int ku = i / lse_per_unit;
+    const int r = i - ku * lse_per_unit;
+    const int dj = r / HU;
+    const int u = prog + ku * G;
+    const int t = u / NC;
+    const int h = (u - t * NC) * HU + (r - dj * HU);
+    if (h < H) {
+      const int d = dj + (dj >= rank);
+      float* dl = reinterpret_cast<float*>(p.peer_base[d] + p.lse_off) + (my_row0 + t) * H + h;
+      *dl = p.partial_lse[int64_t(t) * W * H + d * H + h];
+    }
+  }
+
+  // ---- 2. release-signal every destination: the barrier orders all of the CTA's stores before it
+  __syncthreads();
+  if (tid < W && tid != rank) {
+    int64_t* flag = reinterpret_cast<int64_t*>(p.peer_base[tid]) + (int64_t(slot) * G + prog) * W + rank;
+    peerdcp::st_release_sys(flag, fv);
+  }
+
+  // ---- prefetch this thread's own-source data for the first combine round (overlaps the flag latency)
+  const int comb_items = my_units * UV;
+  float own_l[kCombUnroll];
+  uint4 own_v[kCombUnroll];
+  int item_t[kCombUnroll], item_h[kCombUnroll], item_j[kCombUnroll];
+  auto load_own = [&](int i0) {
+#pragma unroll
+    for (int k = 0; k < kCombUnroll; ++k) {
+      if (decode_item(p, prog, NC, UV, comb_items, i0 + k * kBlock, item_t[k], item_h[k], item_j[k])) {
+        own_l[k] = __ldg(p.partial_lse + int64_t(item_t[k]) * W * H + rank * H + item_h[k]);
+        own_v[k] = __ldg(src + item_t[k] * WHV + rank * HV + int64_t(item_h[k]) * VH + item_j[k]);
+      } else {
+        item_t[k] = -1;
+      }
+    }
+  };
+  load_own(tid);
+
+  // ---- 3. bounded acquire wait for every source's CTA p
+  if (tid < W && tid != rank) {
+    const int64_t* flag =
+        reinterpret_cast<const int64_t*>(p.peer_base[rank]) + (int64_t(slot) * G + prog) * W + tid;
+    if (peerdcp::wait_equal_sys(flag, fv, p.timeout_ns, p.err, rank, tid, p.mech)) atomicOr(&s_ok, 1 << tid);
+  }
+  __syncthreads();
+  const int ok = s_ok;  // a source whose wait timed out counts as empty (the host raises at the next call)
+
+  // ---- 4. combine: all sources' LSEs and payloads in one round trip (payload read speculatively)
+  const float* in_lse = reinterpret_cast<const float*>(p.peer_base[rank] + p.lse_off);
+  const uint4* in_pay = reinterpret_cast<const uint4*>(p.peer_base[rank] + p.payload_off);
+  for (int i0 = tid; i0 < comb_items; i0 += kBlock * kCombUnroll) {
+    if (i0 != tid) load_own(i0);
+    float l[kCombUnroll][WMAX];
+    uint4 x[kCombUnroll][WMAX];
+#pragma unroll
+    for (int k = 0; k < kCombUnroll; ++k) {
+      if (item_t[k] < 0) continue;
+#pragma unroll
+      for (int s = 0; s < WMAX; ++s) {
+        if (s < W && s != rank) {
+          const int64_t row = (int64_t(slot * W + s) * p.max_tokens + item_t[k]) * H + item_h[k];
+          l[k][s] = ((ok >> s) & 1) ? __ldcg(in_lse + row) : -INFINITY;
+          x[k][s] = __ldcg(in_pay + row * VH + item_j[k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kCombUnroll; ++k) {
+      if (item_t[k] >= 0) combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l[k], x[k], item_t[k], item_h[k], item_j[k]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ LL
+// Small T: the same units, CTAs and epochs, but every payload/LSE word carries the call's flag
+// (f = 2*epoch + 1, odd so never the zero of fresh memory, and different from the slot's previous
+// use, epoch - 2). Layout in the inbox at ll_off, in 8-byte LL words {data, flag}:
+//   [2 slots][W src][ll_max_tokens][rowLL],  rowLL = H*D/2 payload words + H LSE words (+1 pad if H odd)
+// A 16-byte payload vector travels as two 16-byte stores {d0,f,d1,f} {d2,f,d3,f}. The consumer polls its
+// own lines (bounded) until every flag matches, then combines. No fence, no flag round trip; twice the
+// bytes on the wire, so it pays only for small T (the host picks it for T <= ll_max_tokens).
+// Two slots suffice by the plain kernel's argument; LL and plain calls use separate regions, and the
+// argument holds per region (the last reader of a region slot finished before the writer's previous call).
+template <typename scalar_t, int WMAX>
+__global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_constant__ OutputDirectParams p) {
+  const int prog = blockIdx.x;
+  const int tid = threadIdx.x;
+  __shared__ int64_t s_epoch;
+  if (tid == 0) {
+    const int64_t e = p.epochs[prog] + 1;
+    p.epochs[prog] = e;
+    s_epoch = e;
+  }
+  __syncthreads();
+  const int64_t e = s_epoch;
+  const int slot = static_cast<int>(e & 1);
+  const uint32_t f = static_cast<uint32_t>(2 * e + 1);
+  const int W = p.W, H = p.H, rank = p.rank, G = p.G;
+  const int HU = p.heads_per_unit;
+  const int NC = (H + HU - 1) / HU;
+  const int n_units = p.T * NC;
+  if (prog >= n_units) return;
+  const int VH = p.D >> 3;
+  const int UV = HU * VH;
+  const int64_t HV = int64_t(H) * VH;
+  const int64_t WHV = int64_t(W) * HV;
+  const int64_t rowLL = int64_t(H) * (p.D >> 1) + H + (H & 1);  // 8-byte LL words per (slot, src, token)
+  const int my_units = (n_units - 1 - prog) / G + 1;
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  const int64_t my_row0 = int64_t(slot * W + rank) * p.ll_max_tokens;
+
+  // ---- publish payload lines
+  const int nd = W - 1;
+  const int per_unit = nd * UV;
+  const int pub_items = my_units * per_unit;
+  for (int i0 = tid; i0 < pub_items; i0 += kBlock * kPubUnroll) {
+    uint4 v[kPubUnroll];
+    uint4* dst[kPubUnroll];
+#pragma unroll
+    for (int k = 0; k < kPubUnroll; ++k) {
+      dst[k] = nullptr;
+      const int i = i0 + k * kBlock;
+      if (i < pub_items) {
+        const int ku = i / per_unit;
+        const int r = i - ku * per_unit;
+        const int dj = r / UV;
+        const int vi = r - dj * UV;
+        const int u = prog + ku * G;
+        const int t = u / NC;
+        const int h0 = (u - t * NC) * HU;
+        if (vi < min(HU, H - h0) * VH) {
+          const int d = dj + (dj >= rank);
+          const int64_t off = int64_t(h0) * VH + vi;  // vector index within the (token, source) slice
+          v[k] = __ldg(src + t * WHV + d * HV + off);
+          // vector off = 4 data words = 2 lines (16 B) of the LL row
+          dst[k] = reinterpret_cast<uint4*>(reinterpret_cast<uint2*>(p.peer_base[d] + p.ll_off) + (my_row0 + t) * rowLL) +
+                   2 * off;
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPubUnroll; ++k) {
+      if (dst[k] != nullptr) {
+        peerdcp::st_volatile_v4(dst[k], v[k].x, f, v[k].y, f);
+        peerdcp::st_volatile_v4(dst[k] + 1, v[k].z, f, v[k].w, f);
+      }
+    }
+  }
+  const int lse_per_unit = nd * HU;
+  const int lse_items = my_units * lse_per_unit;
+  for (int i = tid; i < lse_items; i += kBlock) {
+    const int ku = i / lse_per_unit;
+    const int r = i - ku * lse_per_unit;
+    const int dj = r / HU;
+    const int u = prog + ku * G;
+    const int t = u / NC;
+    const int h = (u - t * NC) * HU + (r - dj * HU);
+    if (h < H) {
+      const int d = dj + (dj >= rank);
+      uint2* dl = reinterpret_cast<uint2*>(p.peer_base[d] + p.ll_off) + (my_row0 + t) * rowLL + int64_t(H) * (p.D >> 1) + h;
+      peerdcp::st_volatile_v2(dl, __float_as_uint(p.partial_lse[int64_t(t) * W * H + d * H + h]), f);
+    }
+  }
+
+  // ---- combine: own data from the input, the others polled out of the LL lines (bounded)
+  const int comb_items = my_units * UV;
+  const uint2* in_ll = reinterpret_cast<const uint2*>(p.peer_base[rank] + p.ll_off);
+  int dead = 0;  // sources this thread already gave up on: one timeout per source, not one per item
+  for (int i = tid; i < comb_items; i += kBlock) {
+    int t, h, j;
+    if (!decode_item(p, prog, NC, UV, comb_items, i, t, h, j)) continue;
+    const float own_l = __ldg(p.partial_lse + int64_t(t) * W * H + rank * H + h);
+    const uint4 own_v = __ldg(src + t * WHV + rank * HV + int64_t(h) * VH + j);
+    float l[WMAX];
+    uint4 x[WMAX];
+#pragma unroll
+    for (int s = 0; s < WMAX; ++s) {
+      if (s < W && s != rank) {
+        const uint2* row = in_ll + (int64_t(slot * W + s) * p.ll_max_tokens + t) * rowLL;
+        const uint4* line = reinterpret_cast<const uint4*>(row) + 2 * (int64_t(h) * VH + j);
+        const uint2* lw = row + int64_t(H) * (p.D >> 1) + h;
+        uint4 a = peerdcp::ld_volatile_v4(line), b = peerdcp::ld_volatile_v4(line + 1);
+        uint2 c = peerdcp::ld_volatile_v2(lw);
+        bool ready = a.y == f && a.w == f && b.y == f && b.w == f && c.y == f;
+        if (!ready && !((dead >> s) & 1)) {
+          const uint64_t t0 = peerdcp::global_timer_ns();
+          int spins = 0;
+          while (!ready) {
+            a = peerdcp::ld_volatile_v4(line);
+            b = peerdcp::ld_volatile_v4(line + 1);
+            c = peerdcp::ld_volatile_v2(lw);
+            ready = a.y == f && a.w == f && b.y == f && b.w == f && c.y == f;
+            if (!ready && ++spins == 64) {
+              spins = 0;
+              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+            }
+          }
+          if (!ready) {  // timed out: this source counts as empty; the host raises at the next call
+            dead |= 1 << s;
+            peerdcp::report_timeout(p.err, rank, s, p.mech, e * kTokenSpace + p.T);
+          }
+        }
+        l[s] = ready ? __uint_as_float(c.x) : -INFINITY;
+        x[s] = ready ? make_uint4(a.x, a.z, b.x, b.z) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    combine_store<scalar_t, WMAX>(p, own_l, own_v, l, x, t, h, j);
+  }
+}
+
+template <typename scalar_t, int WMAX>
+void launch_w(const OutputDirectParams& p, cudaStream_t stream) {
+  const dim3 grid(p.G), block(kBlock);
+  if (p.T <= p.ll_max_tokens) {
+    output_direct_ll_kernel<scalar_t, WMAX><<<grid, block, 0, stream>>>(p);
+  } else {
+    output_direct_kernel<scalar_t, WMAX><<<grid, block, 0, stream>>>(p);
+  }
+}
+
+template <typename scalar_t>
+cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
+  if (p.W <= 2) {
+    launch_w<scalar_t, 2>(p, stream);
+  } else if (p.W <= 4) {
+    launch_w<scalar_t, 4>(p, stream);
+  } else {
+    launch_w<scalar_t, 8>(p, stream);
+  }
+  return cudaGetLastError();
+}
+
+template <typename scalar_t, int WMAX>
+int blocks_per_sm_w() {
+  int a = 0, b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX>, kBlock, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, output_direct_ll_kernel<scalar_t, WMAX>, kBlock, 0) != cudaSuccess) {
+    return 0;
+  }
+  return a < b ? a : b;
+}
+
+}  // namespace
+
+extern "C" int peerdcp_output_direct_params_size() { return static_cast<int>(sizeof(OutputDirectParams)); }
+
+extern "C" int peerdcp_output_direct_block() { return kBlock; }
+
+// CTAs of the kernel for (W, dtype) that fit on one SM of the current device (0 on error). The host
+// keeps G <= this * SM count, so every CTA is co-resident and no CTA waits for an unscheduled one.
+// `device`: the CUDA device to use. The .so carries its own (static) CUDA runtime, whose current device
+// need not follow torch's, so every entry point sets it (cheap; allowed during graph capture).
+extern "C" int peerdcp_output_direct_blocks_per_sm(int W, int dtype, int device) {
+  if (cudaSetDevice(device) != cudaSuccess) return 0;
+  if (dtype == 0) return W <= 2 ? blocks_per_sm_w<__nv_bfloat16, 2>() : W <= 4 ? blocks_per_sm_w<__nv_bfloat16, 4>() : blocks_per_sm_w<__nv_bfloat16, 8>();
+  return W <= 2 ? blocks_per_sm_w<__half, 2>() : W <= 4 ? blocks_per_sm_w<__half, 4>() : blocks_per_sm_w<__half, 8>();
+}
+
+// The parameter block is passed as void*: OutputDirectParams lives in an unnamed namespace, and a
+// function whose signature names such a type gets internal linkage even when declared extern "C".
+extern "C" int peerdcp_output_direct(const void* params, void* stream, int device) {
+  const OutputDirectParams* p = static_cast<const OutputDirectParams*>(params);
+  if (p == nullptr || p->W < 2 || p->W > kMaxWorld || p->rank < 0 || p->rank >= p->W || p->G < 1 || p->T < 1 ||
+      p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const cudaError_t dev_err = cudaSetDevice(device);
+  if (dev_err != cudaSuccess) return static_cast<int>(dev_err);
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const cudaError_t err = p->dtype == 0 ? launch<__nv_bfloat16>(*p, st) : launch<__half>(*p, st);
+  return static_cast<int>(err);
+}

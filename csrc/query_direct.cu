@@ -1,0 +1,541 @@
+// peerdcp Query gather: the consumer-direct kernel in CUDA C++ (the twin of peerdcp/query/kernels.py).
+//
+// Same protocol, buffer layout, work split and rounding as the Triton kernel (read its module docstring
+// first): NPROG blocks on every rank, block p owns units [p*ceil(T*H/NPROG), ...) of every source shard
+// and only waits for the flags of its twin block p on the peers; a per-block call counter epochs[p] in
+// local memory picks the parity slot, so back-to-back calls and graph replays need no host sync.
+//
+//   publish (RAW: copy own bf16 shard into own slot e%2; ROPED: rotate+convert own rows into own slot
+//            and into out; EXPOSED: nothing, the caller already wrote slot Z)
+//   -> __syncthreads -> fence.acq_rel.sys + st.release.sys of ready[e%2][p][rank] in every peer
+//   -> own rows (RAW / EXPOSED) while the flags fly
+//   -> one thread per peer polls its local ready flag (ld.acquire.sys, %globaltimer deadline)
+//   -> __syncthreads -> every thread loads the peers' rows straight from peer memory (ld.global.cg)
+//   -> (EXPOSED) __syncthreads -> st.release.sys ack[p][rank] into each peer.
+//
+// Rounding: every product and sum is a separate IEEE fp32 operation (__fmul_rn / __fadd_rn / __fsub_rn
+// are never contracted into FMA), in the reference order; FP8 is cvt.rn.satfinite (RNE, +-448), bf16
+// is RNE. So the bytes equal the Triton kernels' (launched with enable_fp_fusion=False) and torch's.
+// Built without --use_fast_math (no flush-to-zero).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kMaxW = 8;
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
+constexpr int kMaxRope = 256;  // rope dims the shared cache holds
+constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kSlotZ = 2;
+
+struct Peers {
+  uint64_t base[kMaxW];
+};
+
+struct Params {
+  const uint16_t* q_nope;  // bf16 [T, H, NOPE], strides s_nt, s_nh (elements)
+  const uint16_t* q_pe;    // bf16 [T, H, ROPE], strides s_pt, s_ph
+  int64_t s_nt, s_nh, s_pt, s_ph;
+  const void* pos;         // [T] int32 or int64
+  int pos64;
+  const float* cos_sin;    // [max_pos, ROPE] fp32, rows [cos | sin]
+  int64_t max_pos;
+  void* out;               // [T, HOUT, D] e4m3 or bf16
+  Peers peers;             // every rank's exposed buffer in this process
+  int64_t* epochs;         // [NPROG] local call counters
+  int64_t* last_z;         // [NPROG] epoch of the last exposed call with work (acks to wait for)
+  unsigned long long* err; // int64[8] error word in pinned host memory
+  int64_t timeout_ns;
+  float quant_scale;
+  int T, rank, W, H, HOUT, NOPE, ROPE, nprog, mech;
+  int64_t max_tokens, data_off, slot_bytes;
+};
+
+// ------------------------------------------------------------------------------------ primitives
+__device__ __forceinline__ int64_t ld_acquire_sys(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.acquire.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(int64_t* p, int64_t v) {
+  asm volatile("st.release.sys.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint4 ld_cg(const uint4* p) { return __ldcg(p); }
+
+// Bounded acquire wait; on timeout record (rank, peer, mechanism, epoch) once and return false.
+__device__ bool wait_flag(const int64_t* flag, int64_t value, const Params& a, int peer) {
+  if (ld_acquire_sys(flag) == value) return true;
+  const uint64_t t0 = globaltimer();
+  while (true) {
+    if (ld_acquire_sys(flag) == value) return true;
+    if ((int64_t)(globaltimer() - t0) > a.timeout_ns) break;
+  }
+  if (atomicCAS_system(a.err, 0ull, 1ull) == 0ull) {
+    volatile unsigned long long* e = a.err;
+    e[1] = (unsigned long long)a.rank;
+    e[2] = (unsigned long long)peer;
+    e[3] = (unsigned long long)a.mech;
+    e[4] = (unsigned long long)value;
+    __threadfence_system();
+  }
+  return false;
+}
+
+__device__ __forceinline__ int64_t* flags_of(const Params& a, int r) {
+  return reinterpret_cast<int64_t*>(a.peers.base[r]);
+}
+__device__ __forceinline__ char* slot_of(const Params& a, int r, int slot) {
+  return reinterpret_cast<char*>(a.peers.base[r]) + a.data_off + (int64_t)slot * a.slot_bytes;
+}
+
+__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// 8 fp32 -> 8 e4m3 (x quant_scale) packed in a uint2, element 0 in the lowest byte.
+__device__ __forceinline__ uint2 to_fp8x8(const float f[8], float scale) {
+  uint32_t h[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = make_float2(__fmul_rn(f[2 * i], scale), __fmul_rn(f[2 * i + 1], scale));
+    h[i] = (uint32_t)__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3);
+  }
+  return make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+}
+
+// 8 fp32 -> 8 bf16 (RNE) packed in a uint4, element 0 in the lowest half.
+__device__ __forceinline__ uint4 to_bf16x8(const float f[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i]));
+    const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1]));
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ float rot0(float x0, float x1, float c, float s) {
+  return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+}
+__device__ __forceinline__ float rot1(float x0, float x1, float c, float s) {
+  return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// Per block: the cos/sin rows of the tokens its units touch (shared memory when they fit).
+struct CosSin {
+  const float* sh;  // [ntok, ROPE] or nullptr
+  int t_first;
+  __device__ __forceinline__ const float* row(const Params& a, int t) const {
+    if (sh != nullptr) return sh + (int64_t)(t - t_first) * a.ROPE;
+    int64_t p = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
+    p = p < 0 ? 0 : (p >= a.max_pos ? a.max_pos - 1 : p);
+    return a.cos_sin + p * a.ROPE;
+  }
+};
+
+// Where the bf16 rows of a pass come from: one explicit source (this rank's tensors or slot), or every
+// peer's slot (raw layout), skipping peers whose wait timed out.
+struct Sources {
+  const uint16_t* nope;  // single source: row (t, h) at nope + t*n_st + h*n_sh
+  const uint16_t* pe;
+  int64_t n_st, n_sh, p_st, p_sh;
+  int src_rank;     // single source: the rank whose widened heads these are
+  int count;        // 1 (single) or W - 1 (peers)
+  int slot;         // peers: the slot to read
+  const int* ok;    // peers: ok[s] == 0 -> skip rank s
+};
+
+// One work item of a unit, loaded: a 16-byte vector of the nope part, or of the rope part (NeoX: the
+// two vectors holding pair members i and i + ROPE/2).
+struct Item {
+  uint4 a, b;
+  int t, h, j, s;  // token, head, item index within the unit (< 0: none), source rank
+};
+
+template <bool NEOX>
+__device__ __forceinline__ int items_per_unit(const Params& a) {
+  return a.NOPE / 8 + (NEOX ? a.ROPE / 16 : a.ROPE / 8);
+}
+
+// Load item `idx` of the pass over units [u0, u1) of every source (the source is the slowest index, so
+// neighbouring threads read neighbouring bytes of one source).
+template <bool NEOX, bool CG>
+__device__ __forceinline__ void load_item(Item& it, const Params& a, const Sources& src, int u0, int u1, int idx) {
+  const int ipu = items_per_unit<NEOX>(a);
+  const int per_src = (u1 - u0) * ipu;
+  const int i = idx / per_src, rem = idx % per_src;
+  const int u = u0 + rem / ipu;
+  it.j = rem % ipu;
+  it.t = u / a.H;
+  it.h = u % a.H;
+  const uint16_t *nope, *pe;
+  if (src.ok == nullptr) {
+    it.s = src.src_rank;
+    nope = src.nope + it.t * src.n_st + it.h * src.n_sh;
+    pe = src.pe + it.t * src.p_st + it.h * src.p_sh;
+  } else {
+    it.s = (a.rank + 1 + i) % a.W;
+    if (!src.ok[it.s]) {
+      it.j = -1;  // timed out: leave its rows, the host raises PeerTimeoutError
+      return;
+    }
+    const char* base = slot_of(a, it.s, src.slot);
+    const int64_t row = (int64_t)it.t * a.H + it.h;
+    nope = reinterpret_cast<const uint16_t*>(base) + row * a.NOPE;
+    pe = reinterpret_cast<const uint16_t*>(base + a.max_tokens * a.H * (int64_t)a.NOPE * 2) + row * a.ROPE;
+  }
+  const int nv = a.NOPE / 8;
+  if (it.j < nv) {
+    const uint4* p = reinterpret_cast<const uint4*>(nope) + it.j;
+    it.a = CG ? ld_cg(p) : *p;
+  } else {
+    const uint4* p = reinterpret_cast<const uint4*>(pe);
+    const int c = it.j - nv;
+    it.a = CG ? ld_cg(p + c) : p[c];
+    if (NEOX) it.b = CG ? ld_cg(p + c + a.ROPE / 16) : p[c + a.ROPE / 16];
+  }
+}
+
+// Store 8 converted values into one or two rows (the ROPED publish writes the output and its slot).
+template <bool FP8>
+__device__ __forceinline__ void store8x(void* d1, void* d2, int64_t off, const float f[8], float scale) {
+  if constexpr (FP8) {
+    const uint2 v = to_fp8x8(f, scale);
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(d1) + off) = v;
+    if (d2 != nullptr) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(d2) + off) = v;
+  } else {
+    const uint4 v = to_bf16x8(f);
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(d1) + off) = v;
+    if (d2 != nullptr) *reinterpret_cast<uint4*>(static_cast<uint16_t*>(d2) + off) = v;
+  }
+}
+
+// Rotate / convert a loaded item and store it into row `dst_row` (and `dst_row2` when not null).
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ void emit_item(const Item& it, const Params& a, const CosSin& cs, void* dst_row,
+                                          void* dst_row2) {
+  const int nv = a.NOPE / 8;
+  if (it.j < nv) {
+    if constexpr (FP8) {
+      float f[8];
+      bf16x8(it.a, f);
+      store8x<true>(dst_row, dst_row2, (int64_t)it.j * 8, f, a.quant_scale);
+    } else {
+      *(reinterpret_cast<uint4*>(dst_row) + it.j) = it.a;  // bf16 nope passes through
+      if (dst_row2 != nullptr) *(reinterpret_cast<uint4*>(dst_row2) + it.j) = it.a;
+    }
+    return;
+  }
+  const int c = it.j - nv;
+  const float* row = cs.row(a, it.t);
+  const int half = a.ROPE / 2;
+  if constexpr (!NEOX) {
+    // elements 8c .. 8c+7 = pairs i = 4c .. 4c+3: (x[2i], x[2i+1])
+    float x[8], y[8];
+    bf16x8(it.a, x);
+    const float4 c4 = *reinterpret_cast<const float4*>(row + 4 * c);
+    const float4 s4 = *reinterpret_cast<const float4*>(row + half + 4 * c);
+    const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      y[2 * i] = rot0(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
+      y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
+    }
+    store8x<FP8>(dst_row, dst_row2, a.NOPE + 8 * c, y, a.quant_scale);
+  } else {
+    // elements 8c .. 8c+7 (x0) pair with half + 8c .. (x1): i = 8c .. 8c+7
+    float x0[8], x1[8], y0[8], y1[8];
+    bf16x8(it.a, x0);
+    bf16x8(it.b, x1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float cv = row[8 * c + i], sv = row[half + 8 * c + i];
+      y0[i] = rot0(x0[i], x1[i], cv, sv);
+      y1[i] = rot1(x0[i], x1[i], cv, sv);
+    }
+    store8x<FP8>(dst_row, dst_row2, a.NOPE + 8 * c, y0, a.quant_scale);
+    store8x<FP8>(dst_row, dst_row2, a.NOPE + half + 8 * c, y1, a.quant_scale);
+  }
+}
+
+__device__ __forceinline__ void* out_row(const Params& a, int t, int widened_head, int osize) {
+  return static_cast<char*>(a.out) + ((int64_t)t * a.HOUT + widened_head) * (int64_t)(a.NOPE + a.ROPE) * osize;
+}
+
+// Rotate/convert units [u0, u1) of every source into the output (and, ROPED publish, into `slot_rows`).
+template <bool NEOX, bool FP8, bool CG>
+__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src,
+                              char* slot_rows) {
+  constexpr int osize = FP8 ? 1 : 2;
+  const int D = a.NOPE + a.ROPE;
+  const int n = src.count * (u1 - u0) * items_per_unit<NEOX>(a);
+  for (int base = threadIdx.x; base < n; base += kThreads * kUnroll) {
+    Item it[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      it[k].j = -1;
+      if (idx < n) load_item<NEOX, CG>(it[k], a, src, u0, u1, idx);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (it[k].j < 0) continue;
+      void* row2 = slot_rows != nullptr ? slot_rows + ((int64_t)it[k].t * a.H + it[k].h) * D * osize : nullptr;
+      emit_item<NEOX, FP8>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row2);
+    }
+  }
+}
+
+// ROPED consume: copy the finished rows (D * osize bytes, unit-major) of units [u0, u1) from every peer's
+// slot into the output at widened heads s*H + h.
+__device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* ok, int osize) {
+  const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
+  const int vec = (int)(row_bytes / 16);
+  const int per_src = (u1 - u0) * vec;
+  const int n = (a.W - 1) * per_src;
+  for (int base = threadIdx.x; base < n; base += kThreads * kUnroll) {
+    uint4 v[kUnroll];
+    int64_t dst_off[kUnroll];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      const int s = (a.rank + 1 + idx / per_src) % a.W;
+      valid[k] = idx < n && ok[s];
+      if (!valid[k]) continue;
+      const int rem = idx % per_src;
+      const int u = u0 + rem / vec, j = rem % vec, t = u / a.H, h = u % a.H;
+      const char* src = slot_of(a, s, slot);
+      v[k] = ld_cg(reinterpret_cast<const uint4*>(src + ((int64_t)t * a.H + h) * row_bytes) + j);
+      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 16 * (int64_t)j;
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (valid[k]) *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + dst_off[k]) = v[k];
+    }
+  }
+}
+
+// RAW publish item idx of units [u0, ...): a 16-byte vector of the caller's nope or pe row, and its byte
+// offset in the raw slot (nope region [max_tokens, H, NOPE], then pe region [max_tokens, H, ROPE]).
+__device__ __forceinline__ const uint4* raw_item(const Params& a, int u0, int idx, int64_t pe_region_bytes,
+                                                 int64_t& dst_off) {
+  const int nv = a.NOPE / 8, ipu = nv + a.ROPE / 8;
+  const int u = u0 + idx / ipu, j = idx % ipu, t = u / a.H, h = u % a.H;
+  const int64_t row = (int64_t)t * a.H + h;
+  if (j < nv) {
+    dst_off = row * a.NOPE * 2 + 16 * (int64_t)j;
+    return reinterpret_cast<const uint4*>(a.q_nope + t * a.s_nt + h * a.s_nh) + j;
+  }
+  dst_off = pe_region_bytes + row * a.ROPE * 2 + 16 * (int64_t)(j - nv);
+  return reinterpret_cast<const uint4*>(a.q_pe + t * a.s_pt + h * a.s_ph) + (j - nv);
+}
+
+template <int MODE, bool NEOX, bool FP8>
+__global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) {
+  constexpr int osize = FP8 ? 1 : 2;
+  __shared__ int64_t e_sh;
+  __shared__ int ok_sh[kMaxW];
+  __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
+  const int p = blockIdx.x, tid = threadIdx.x, W = a.W, H = a.H;
+  const int D = a.NOPE + a.ROPE;
+  if (tid == 0) {
+    const int64_t e = a.epochs[p] + 1;  // only block p touches epochs[p]
+    a.epochs[p] = e;
+    e_sh = e;
+  }
+  // padding heads [W*H, HOUT): block p zeroes every NPROG-th row
+  const int npad = a.HOUT - W * H;
+  if (npad > 0) {
+    const int vec = D * osize / 16;
+    for (int r = p; r < a.T * npad; r += a.nprog) {
+      char* row = static_cast<char*>(out_row(a, r / npad, W * H + r % npad, osize));
+      for (int j = tid; j < vec; j += kThreads) reinterpret_cast<uint4*>(row)[j] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  const int n_units = a.T * H;
+  const int upp = (n_units + a.nprog - 1) / a.nprog;
+  const int u0 = p * upp;
+  const int u1 = min(u0 + upp, n_units);
+  if (u0 >= u1) return;  // after bumping the counter: every block counts every call
+
+  const int64_t pe_region_bytes = a.max_tokens * H * (int64_t)a.NOPE * 2;
+  // RAW: the first chunk of this block's shard is loaded before anything waits for the counter (the slot
+  // address depends on the parity), so the load latencies overlap.
+  const int n_raw = MODE == kRaw ? (u1 - u0) * (a.NOPE / 8 + a.ROPE / 8) : 0;
+  uint4 pre[kUnroll];
+  int64_t pre_off[kUnroll];
+  if constexpr (MODE == kRaw) {
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = tid + k * kThreads;
+      if (idx < n_raw) pre[k] = *raw_item(a, u0, idx, pe_region_bytes, pre_off[k]);
+    }
+  }
+  // cos/sin rows of this block's tokens into shared memory (overlaps the counter load)
+  CosSin cs{nullptr, u0 / H};
+  const int ntok = (u1 - 1) / H - u0 / H + 1;
+  if (ntok <= kMaxTok && a.ROPE <= kMaxRope) {
+    for (int i = tid; i < ntok * a.ROPE; i += kThreads) {
+      const int t = cs.t_first + i / a.ROPE;
+      int64_t pp = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
+      pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);
+      cs_sh[i] = a.cos_sin[pp * a.ROPE + i % a.ROPE];
+    }
+    cs.sh = cs_sh;
+  }
+  __syncthreads();
+  const int64_t e = e_sh;
+  const int par = (int)(e & 1);
+  const int slot = MODE == kExposed ? kSlotZ : par;
+  char* my_slot = slot_of(a, a.rank, slot);
+
+  // ---- publish
+  if constexpr (MODE == kRaw) {
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (tid + k * kThreads < n_raw) *reinterpret_cast<uint4*>(my_slot + pre_off[k]) = pre[k];
+    }
+    for (int base = tid + kThreads * kUnroll; base < n_raw; base += kThreads * kUnroll) {
+      uint4 v[kUnroll];
+      int64_t off[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (base + k * kThreads < n_raw) v[k] = *raw_item(a, u0, base + k * kThreads, pe_region_bytes, off[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (base + k * kThreads < n_raw) *reinterpret_cast<uint4*>(my_slot + off[k]) = v[k];
+      }
+    }
+  } else if constexpr (MODE == kRoped) {
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+    compute_units<NEOX, FP8, false>(a, cs, u0, u1, own, my_slot);
+  }
+  __syncthreads();  // every thread's publish stores precede the release below
+  if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier
+    st_release_sys(flags_of(a, tid) + ((int64_t)par * a.nprog + p) * W + a.rank, e);
+
+  // ---- own rows while the flags fly
+  if constexpr (MODE == kRaw) {
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+    compute_units<NEOX, FP8, false>(a, cs, u0, u1, own, nullptr);
+  } else if constexpr (MODE == kExposed) {
+    const Sources own{reinterpret_cast<const uint16_t*>(my_slot),
+                      reinterpret_cast<const uint16_t*>(my_slot + pe_region_bytes),
+                      (int64_t)H * a.NOPE, a.NOPE, (int64_t)H * a.ROPE, a.ROPE, a.rank, 1, 0, nullptr};
+    compute_units<NEOX, FP8, false>(a, cs, u0, u1, own, nullptr);
+  }
+
+  // ---- wait: one thread per peer polls its flag (all peers at once)
+  if (tid < W) {
+    ok_sh[tid] = 1;
+    if (tid != a.rank)
+      ok_sh[tid] = wait_flag(flags_of(a, a.rank) + ((int64_t)par * a.nprog + p) * W + tid, e, a, tid) ? 1 : 0;
+  }
+  __syncthreads();
+
+  // ---- consume every peer's rows straight from its slot (one pass over all peers: their loads overlap)
+  if (W > 1) {
+    if constexpr (MODE == kRoped) {
+      copy_rows(a, u0, u1, slot, ok_sh, osize);
+    } else {
+      const Sources peers{nullptr, nullptr, 0, 0, 0, 0, -1, W - 1, slot, ok_sh};
+      compute_units<NEOX, FP8, true>(a, cs, u0, u1, peers, nullptr);
+    }
+  }
+  if constexpr (MODE == kExposed) {
+    __syncthreads();  // every read of the peers' slot Z has returned (its values were stored)
+    if (tid < W && tid != a.rank && ok_sh[tid])
+      st_release_sys(flags_of(a, tid) + 2 * (int64_t)a.nprog * W + (int64_t)p * W + a.rank, e);
+    if (tid == 0) a.last_z[p] = e;
+  }
+}
+
+__global__ void query_wait_acks_kernel(const Params a) {
+  const int p = blockIdx.x, tid = threadIdx.x;
+  const int64_t ez = a.last_z[p];
+  if (ez == 0 || tid >= a.W || tid == a.rank) return;
+  wait_flag(flags_of(a, a.rank) + 2 * (int64_t)a.nprog * a.W + (int64_t)p * a.W + tid, ez, a, tid);
+}
+
+template <int MODE>
+cudaError_t launch_mode(const Params& a, bool neox, bool fp8, cudaStream_t stream) {
+  const dim3 grid(a.nprog), block(kThreads);
+  if (neox) {
+    if (fp8)
+      query_direct_kernel<MODE, true, true><<<grid, block, 0, stream>>>(a);
+    else
+      query_direct_kernel<MODE, true, false><<<grid, block, 0, stream>>>(a);
+  } else {
+    if (fp8)
+      query_direct_kernel<MODE, false, true><<<grid, block, 0, stream>>>(a);
+    else
+      query_direct_kernel<MODE, false, false><<<grid, block, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_t s_nt, int64_t s_nh, int64_t s_pt,
+                                    int64_t s_ph, const void* pos, int pos64, const float* cos_sin, int64_t max_pos,
+                                    void* out, const uint64_t* peer_addrs, int64_t* epochs, int64_t* last_z,
+                                    void* err, int64_t timeout_ns, float quant_scale, int T, int rank, int W, int H,
+                                    int HOUT, int NOPE, int ROPE, int64_t max_tokens, int64_t data_off,
+                                    int64_t slot_bytes, int nprog, int mode, int neox, int fp8, int mech,
+                                    cudaStream_t stream) {
+  if (W < 1 || W > kMaxW || NOPE % 16 || ROPE % 16 || nprog < 1) return (int)cudaErrorInvalidValue;
+  Params a{};
+  a.q_nope = static_cast<const uint16_t*>(q_nope);
+  a.q_pe = static_cast<const uint16_t*>(q_pe);
+  a.s_nt = s_nt, a.s_nh = s_nh, a.s_pt = s_pt, a.s_ph = s_ph;
+  a.pos = pos, a.pos64 = pos64, a.cos_sin = cos_sin, a.max_pos = max_pos;
+  a.out = out;
+  for (int r = 0; r < W; ++r) a.peers.base[r] = peer_addrs[r];
+  a.epochs = epochs, a.last_z = last_z;
+  a.err = static_cast<unsigned long long*>(err);
+  a.timeout_ns = timeout_ns, a.quant_scale = quant_scale;
+  a.T = T, a.rank = rank, a.W = W, a.H = H, a.HOUT = HOUT, a.NOPE = NOPE, a.ROPE = ROPE;
+  a.nprog = nprog, a.mech = mech;
+  a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
+  if (T <= 0) return (int)cudaSuccess;
+  switch (mode) {
+    case kRaw:
+      return (int)launch_mode<kRaw>(a, neox != 0, fp8 != 0, stream);
+    case kRoped:
+      return (int)launch_mode<kRoped>(a, neox != 0, fp8 != 0, stream);
+    case kExposed:
+      return (int)launch_mode<kExposed>(a, neox != 0, fp8 != 0, stream);
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int peerdcp_query_wait_acks(const uint64_t* peer_addrs, int64_t* last_z, void* err, int64_t timeout_ns,
+                                       int rank, int W, int nprog, int mech, cudaStream_t stream) {
+  if (W < 1 || W > kMaxW || nprog < 1) return (int)cudaErrorInvalidValue;
+  Params a{};
+  for (int r = 0; r < W; ++r) a.peers.base[r] = peer_addrs[r];
+  a.last_z = last_z;
+  a.err = static_cast<unsigned long long*>(err);
+  a.timeout_ns = timeout_ns;
+  a.rank = rank, a.W = W, a.nprog = nprog, a.mech = mech;
+  query_wait_acks_kernel<<<nprog, 32, 0, stream>>>(a);
+  return (int)cudaGetLastError();
+}

@@ -1,0 +1,192 @@
+"""The CUDA fast path of the direct exchange: ``csrc/output_direct.cu`` behind a C ABI and a torch.library op.
+
+``peerdcp::output_direct`` is a real custom op (``torch.library.custom_op`` with a fake implementation,
+so ``torch.compile`` can trace through it); it launches the fused kernel on the current CUDA stream
+and is therefore CUDA-graph capturable. Eager calls from :class:`~peerdcp.output.OutputReducer` use
+:class:`DirectLauncher`, which keeps a prebuilt parameter block and skips the dispatcher (a few µs of
+Python per call); under ``torch.compile`` the reducer calls the op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from ..jit import load_library
+
+__all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct"]
+
+MAX_WORLD = 8
+_DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
+
+
+class OutputDirectParams(ctypes.Structure):
+    """Mirror of ``OutputDirectParams`` in ``csrc/output_direct.cu`` (same order, same types)."""
+
+    _fields_ = [
+        ("partial_out", ctypes.c_void_p),
+        ("partial_lse", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("out_lse", ctypes.c_void_p),
+        ("epochs", ctypes.c_void_p),
+        ("err", ctypes.c_void_p),
+        ("peer_base", ctypes.c_void_p * MAX_WORLD),
+        ("lse_off", ctypes.c_int64),
+        ("payload_off", ctypes.c_int64),
+        ("timeout_ns", ctypes.c_int64),
+        ("ll_off", ctypes.c_int64),
+        ("T", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("W", ctypes.c_int32),
+        ("H", ctypes.c_int32),
+        ("D", ctypes.c_int32),
+        ("max_tokens", ctypes.c_int32),
+        ("G", ctypes.c_int32),
+        ("heads_per_unit", ctypes.c_int32),
+        ("base2", ctypes.c_int32),
+        ("mech", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("ll_max_tokens", ctypes.c_int32),
+    ]
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """Build (first use, cached on disk) and load ``libpeerdcp_output.so``; checks the parameter layout."""
+    lib = load_library("peerdcp_output", ("output_direct.cu",))
+    lib.peerdcp_output_direct.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.peerdcp_output_direct.restype = ctypes.c_int
+    lib.peerdcp_output_direct_blocks_per_sm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.peerdcp_output_direct_blocks_per_sm.restype = ctypes.c_int
+    size = lib.peerdcp_output_direct_params_size()
+    if size != ctypes.sizeof(OutputDirectParams):
+        raise RuntimeError(
+            f"csrc/output_direct.cu OutputDirectParams is {size} bytes, the ctypes mirror "
+            f"{ctypes.sizeof(OutputDirectParams)}: keep peerdcp/output/ops.py in sync"
+        )
+    return lib
+
+
+def cuda_block() -> int:
+    return int(library().peerdcp_output_direct_block())
+
+
+def blocks_per_sm(world_size: int, dtype: torch.dtype, device: int) -> int:
+    """Co-resident CTAs of the kernel per SM on ``device`` (for the deadlock-free grid bound); 0 on error."""
+    return int(library().peerdcp_output_direct_blocks_per_sm(world_size, _DTYPE_CODE[dtype], device))
+
+
+def _check(err: int) -> None:
+    if err != 0:
+        raise RuntimeError(f"peerdcp_output_direct launch failed with cudaError {err}")
+
+
+class DirectLauncher:
+    """Launches the fused CUDA kernel for one reducer: the constant fields are filled once."""
+
+    def __init__(
+        self,
+        *,
+        peer_addrs: list[int],
+        epochs: torch.Tensor,
+        err_addr: int,
+        rank: int,
+        heads: int,
+        head_dim: int,
+        max_tokens: int,
+        programs: int,
+        heads_per_unit: int,
+        lse_off: int,
+        payload_off: int,
+        timeout_ns: int,
+        base2: bool,
+        dtype: torch.dtype,
+        mech: int,
+        device: int,
+        ll_off: int = 0,
+        ll_max_tokens: int = 0,
+    ) -> None:
+        self._lib = library()
+        self._device = ctypes.c_int(device)
+        p = OutputDirectParams()
+        for i, a in enumerate(peer_addrs):
+            p.peer_base[i] = a
+        p.epochs = epochs.data_ptr()
+        p.err = err_addr
+        p.lse_off, p.payload_off, p.timeout_ns, p.ll_off = lse_off, payload_off, timeout_ns, ll_off
+        p.ll_max_tokens = ll_max_tokens
+        p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
+        p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
+        p.base2, p.mech, p.dtype = int(base2), mech, _DTYPE_CODE[dtype]
+        self._p = p
+        self._pp = ctypes.byref(p)
+        self._epochs = epochs  # keep alive
+
+    def __call__(
+        self, partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None
+    ) -> None:
+        p = self._p
+        p.partial_out = partial_out.data_ptr()
+        p.partial_lse = partial_lse.data_ptr()
+        p.out = out.data_ptr()
+        p.out_lse = out_lse.data_ptr() if out_lse is not None else None
+        p.T = partial_out.shape[0]
+        stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
+        _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
+
+
+@torch.library.custom_op("peerdcp::output_direct", mutates_args=("out", "out_lse", "epochs"), device_types="cuda")
+def output_direct(
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    out: torch.Tensor,
+    out_lse: torch.Tensor,
+    epochs: torch.Tensor,
+    peer_addrs: list[int],
+    err_addr: int,
+    rank: int,
+    programs: int,
+    heads_per_unit: int,
+    max_tokens: int,
+    lse_off: int,
+    payload_off: int,
+    timeout_ns: int,
+    base2: bool,
+    return_lse: bool,
+    mech: int,
+    ll_off: int,
+    ll_max_tokens: int,
+) -> None:
+    """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
+    with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller."""
+    launcher = DirectLauncher(
+        peer_addrs=list(peer_addrs),
+        epochs=epochs,
+        err_addr=err_addr,
+        rank=rank,
+        heads=out.shape[1],
+        head_dim=out.shape[2],
+        max_tokens=max_tokens,
+        programs=programs,
+        heads_per_unit=heads_per_unit,
+        lse_off=lse_off,
+        payload_off=payload_off,
+        timeout_ns=timeout_ns,
+        base2=base2,
+        dtype=out.dtype,
+        mech=mech,
+        device=out.device.index,
+        ll_off=ll_off,
+        ll_max_tokens=ll_max_tokens,
+    )
+    launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
+
+
+@output_direct.register_fake
+def _output_direct_fake(
+    partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
+    max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens,
+) -> None:  # fmt: skip
+    return None

@@ -1,0 +1,33 @@
+"""Query: the widened MLA query of a DCP group - consumer-direct fused remote load + RoPE + FP8/BF16.
+
+Start with :mod:`peerdcp.query.reference` (the plain-torch specification), then :mod:`.rope` (the
+``cos_sin_cache`` tables: plain, YaRN for DeepSeek-V3.2 and Kimi-K2), :mod:`.kernels` (Triton: the
+direct protocol and the fused allgather pass), ``csrc/query_direct.cu`` (the CUDA twin, :mod:`.ops`) and
+:class:`QueryGather` (the public object).
+"""
+
+from __future__ import annotations
+
+from . import reference, rope
+from .gather import AUTO_RAW_MAX_TOKENS, BACKENDS, EXCHANGES, IMPLS, QueryGather
+from .reference import apply_rope, quantize_fp8, rope_quantize_kv, widened_query
+from .rope import PRESETS, YarnParams, cos_sin_cache, plain_cos_sin_cache, yarn_cos_sin_cache
+
+__all__ = [
+    "QueryGather",
+    "BACKENDS",
+    "IMPLS",
+    "EXCHANGES",
+    "AUTO_RAW_MAX_TOKENS",
+    "reference",
+    "rope",
+    "apply_rope",
+    "quantize_fp8",
+    "widened_query",
+    "rope_quantize_kv",
+    "PRESETS",
+    "YarnParams",
+    "cos_sin_cache",
+    "plain_cos_sin_cache",
+    "yarn_cos_sin_cache",
+]

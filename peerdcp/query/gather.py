@@ -1,0 +1,733 @@
+"""`QueryGather`: the widened MLA query of a DCP group, gathered and rotated in one fused kernel.
+
+Lifecycle (every step collective over the group, in the same order on every rank):
+
+1. ``qg = QueryGather(group, max_tokens=..., heads_per_rank=...)`` - before any CUDA-graph capture:
+   agrees on the geometry, picks the backend / memory / kernel and allocates the exposed buffer.
+2. Per decode step and layer, either
+
+   * ``q = qg.gather(q_nope, q_pe, positions, cos_sin_cache)`` (the kernel copies or rotates this
+     rank's shard into its exposed buffer itself), or
+   * zero-copy: ``q_nope_buf, q_pe_buf = qg.exposed_shard(T)``; the model writes its projection
+     straight into these views; ``q = qg.gather_exposed(positions, cos_sin_cache)``.
+
+   Both are capturable in CUDA graphs and may run back to back with changing inputs: there is no host
+   synchronization (a device-side call counter selects the parity slot; see ``kernels.py``).
+3. ``qg.check()`` whenever convenient (raises :class:`peerdcp.PeerTimeoutError` if a peer stopped
+   answering); ``qg.close()`` (collective, idempotent), or use the object as a context manager.
+
+.. important::
+   All ranks must make the same sequence of calls with the same T, on one stream per rank (the one
+   current at the call). A rank that stops calling makes its peers' waits time out after
+   ``timeout_s``: they raise ``PeerTimeoutError`` at their next call (on CPU: at once) and the object
+   refuses every call after that; re-create it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .. import memory as _memory
+from .._dist import agree, all_gather_object, resolve_group
+from ..errors import PeerSetupError, PeerTimeoutError
+from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
+from . import kernels as K
+from .reference import ROPE_STYLES, widened_query
+
+__all__ = ["QueryGather", "BACKENDS", "IMPLS", "EXCHANGES", "AUTO_RAW_MAX_TOKENS"]
+
+BACKENDS = ("auto", "direct", "allgather")
+IMPLS = ("auto", "cuda", "triton", "torch")
+EXCHANGES = ("auto", "raw", "roped")
+OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
+# exchange="auto": T <= this moves the raw bf16 shard (the producer only copies before it signals: shortest
+# latency); larger T moves rows the producer already rotated and converted (FP8: half the NVLink bytes).
+AUTO_RAW_MAX_TOKENS = 4
+# the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
+DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class QueryGather:
+    """Gather every rank's query heads of a DCP group, apply RoPE and convert, in one fused kernel.
+
+    Args:
+        group: ``torch.distributed`` ProcessGroup (None: the default group). W = its size.
+        max_tokens: the largest T a call may pass (sizes the exposed buffer).
+        heads_per_rank: H, this rank's query heads (the same on every rank).
+        nope_dim: width of ``q_nope`` (512: the absorbed latent).  rope_dim: width of ``q_pe`` (64, even).
+        rope_style: ``"interleaved"`` (GPT-J pairs; MLA) or ``"neox"`` (half split).
+        out_dtype: ``torch.float8_e4m3fn`` (saturating, ``quant_scale`` applied) or ``torch.bfloat16``.
+        quant_scale: per-tensor multiplier before the FP8 cast (must be 1.0 for bf16 output).
+        backend: ``"direct"`` (consumer-direct loads of each peer's exposed shard, SGLang's ``vmm_direct``),
+            ``"allgather"`` (all-gather of the bf16 shards, then one fused RoPE + convert kernel), or
+            ``"auto"`` (direct when peer memory is eligible on every rank, else allgather; see ``reason``).
+        memory: ``"auto" | "vmm" | "symm" | "host"`` for the direct backend's exposed buffer.
+        timeout_s: bound on every wait for a peer (direct backend).
+        pad_heads_to: None, 64 or 128: zero-pad the widened heads to this count (FlashMLA's sparse decode
+            takes 64 or 128 heads); must be >= W * H.
+        impl: kernel: direct ``"cuda"`` (csrc/query_direct.cu) or ``"triton"``; allgather ``"triton"``
+            (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available.
+        exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
+            rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"auto"``
+            (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes.
+        device: the tensors' device (default: the current CUDA device, else CPU).
+        num_programs: direct backend grid size (default: 2 per SM on GPU, 4 in the interpreter).
+
+    Attributes:
+        backend, memory (None for allgather), impl, exchange, reason (why auto chose what it chose),
+        world_size, rank, heads_per_rank, out_heads (W*H or the padding), head_dim (nope + rope).
+
+    Raises:
+        ValueError / TypeError: bad arguments, or geometry that differs across ranks (on every rank).
+        PeerSetupError: a collective setup step failed on some rank (raised on every rank).
+    """
+
+    def __init__(
+        self,
+        group=None,
+        *,
+        max_tokens: int,
+        heads_per_rank: int,
+        nope_dim: int = 512,
+        rope_dim: int = 64,
+        rope_style: str = "interleaved",
+        out_dtype: torch.dtype = torch.float8_e4m3fn,
+        quant_scale: float = 1.0,
+        backend: str = "auto",
+        memory: str = "auto",
+        timeout_s: float = 10.0,
+        pad_heads_to: int | None = None,
+        impl: str = "auto",
+        exchange: str = "auto",
+        device: torch.device | str | int | None = None,
+        num_programs: int | None = None,
+    ) -> None:
+        self._closed = True
+        self._buf = None
+        self._failure: PeerTimeoutError | None = None
+        info = resolve_group(group)
+        self._info = info
+        self.world_size, self.rank = info.world_size, info.rank
+        local_err: BaseException | None = None
+        try:
+            dev = self._resolve_device(device)
+            self._validate_config(
+                max_tokens,
+                heads_per_rank,
+                nope_dim,
+                rope_dim,
+                rope_style,
+                out_dtype,
+                quant_scale,
+                backend,
+                memory,
+                timeout_s,
+                pad_heads_to,
+                impl,
+                exchange,
+                num_programs,
+                dev,
+            )
+        except (ValueError, TypeError) as e:
+            local_err = e
+        geometry = None
+        if local_err is None:
+            geometry = dict(
+                max_tokens=max_tokens,
+                heads_per_rank=heads_per_rank,
+                nope_dim=nope_dim,
+                rope_dim=rope_dim,
+                rope_style=rope_style,
+                out_dtype=str(out_dtype),
+                quant_scale=float(quant_scale),
+                backend=backend,
+                memory=memory,
+                pad_heads_to=pad_heads_to,
+                impl=impl,
+                exchange=exchange,
+                device_type=dev.type,
+                num_programs=num_programs,
+            )
+        peers = all_gather_object(
+            info, (None if local_err is None else f"{type(local_err).__name__}: {local_err}", geometry)
+        )
+        if local_err is not None:
+            raise local_err
+        bad = [(r, m) for r, (m, _) in enumerate(peers) if m is not None]
+        if bad:
+            raise PeerSetupError("QueryGather: bad arguments on " + "; ".join(f"rank {r}: {m}" for r, m in bad))
+        for key in geometry:
+            vals = [g[key] for _, g in peers]
+            if len(set(map(repr, vals))) != 1:
+                raise ValueError(f"QueryGather: {key} must be the same on every rank, got {vals} (by rank)")
+
+        self.device = dev
+        self.max_tokens = max_tokens
+        self.heads_per_rank = H = heads_per_rank
+        self.nope_dim, self.rope_dim = nope_dim, rope_dim
+        self.head_dim = nope_dim + rope_dim
+        self.rope_style = rope_style
+        self.out_dtype = out_dtype
+        # the kernels multiply in fp32: keep the scale as the fp32 value they use
+        self.quant_scale = float(torch.tensor(float(quant_scale), dtype=torch.float32))
+        self.timeout_s = float(timeout_s)
+        self.out_heads = pad_heads_to if pad_heads_to is not None else self.world_size * H
+        self._gpu = on_gpu(dev)
+        self._exposed_T: int | None = None
+
+        reasons: list[str] = []
+        chosen = backend
+        kind = None
+        if backend in ("auto", "direct"):
+            try:
+                kind, why = _memory.choose_memory(info, memory, dev)
+                chosen = "direct"
+                reasons.append(f"direct over {kind} memory ({why})")
+            except PeerSetupError as e:
+                if backend == "direct":
+                    raise
+                chosen = "allgather"
+                reasons.append(f"allgather: peer memory is not eligible ({e})")
+        else:
+            reasons.append("allgather requested")
+        self.backend = chosen
+        self.memory = kind if chosen == "direct" else None
+        self.impl = self._choose_impl(impl, reasons)
+        self.exchange = exchange if chosen == "direct" else None
+        if chosen == "direct":
+            self.exchange = exchange
+            reasons.append(
+                f"exchange {exchange}"
+                + (f" (raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped)" if exchange == "auto" else "")
+            )
+            self._setup_direct(num_programs)
+        else:
+            self._setup_allgather()
+        self.reason = "; ".join(reasons)
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------ setup
+    @staticmethod
+    def _resolve_device(device) -> torch.device:
+        if device is None:
+            return (
+                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            )
+        dev = torch.device("cuda", device) if _is_int(device) else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.type not in ("cuda", "cpu"):
+            raise ValueError(f"device must be a CUDA device or cpu, got {dev}")
+        return dev
+
+    def _validate_config(
+        self,
+        max_tokens,
+        H,
+        nope,
+        rope,
+        style,
+        out_dtype,
+        scale,
+        backend,
+        memory,
+        timeout_s,
+        pad,
+        impl,
+        exchange,
+        nprog,
+        dev,
+    ) -> None:
+        W = self.world_size
+        for name, v in (("max_tokens", max_tokens), ("heads_per_rank", H), ("nope_dim", nope), ("rope_dim", rope)):
+            if not _is_int(v):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v <= 0:
+                raise ValueError(f"{name} must be positive, got {v}")
+        if nope % 8:
+            raise ValueError(f"nope_dim must be a multiple of 8 (16-byte rows), got {nope}")
+        if rope < 16 or rope & (rope - 1):
+            raise ValueError(f"rope_dim must be a power of two >= 16 (16-byte rows, pairs), got {rope}")
+        if style not in ROPE_STYLES:
+            raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {style!r}")
+        if out_dtype not in OUT_DTYPES:
+            raise TypeError(f"out_dtype must be torch.float8_e4m3fn or torch.bfloat16, got {out_dtype}")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"quant_scale must be a float, got {type(scale).__name__}")
+        if not (float(scale) > 0 and float(scale) < float("inf")):
+            raise ValueError(f"quant_scale must be positive and finite, got {scale}")
+        if out_dtype == torch.bfloat16 and float(scale) != 1.0:
+            raise ValueError(f"quant_scale applies to FP8 output only; must be 1.0 with bfloat16 output, got {scale}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if memory not in _memory.MEMORY_KINDS:
+            raise ValueError(f"memory must be one of {_memory.MEMORY_KINDS}, got {memory!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        if pad is not None:
+            if pad not in (64, 128):
+                raise ValueError(f"pad_heads_to must be None, 64 or 128, got {pad!r}")
+            if pad < W * H:
+                raise ValueError(f"pad_heads_to={pad} is smaller than the widened heads W*H = {W}*{H} = {W * H}")
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        if backend == "direct" and impl == "torch":
+            raise ValueError("impl='torch' exists for backend='allgather' only (the direct backend is a kernel)")
+        if backend == "allgather" and impl == "cuda":
+            raise ValueError("impl='cuda' exists for backend='direct' only (allgather: 'triton' or 'torch')")
+        if impl == "cuda" and dev.type != "cuda":
+            raise ValueError(f"impl='cuda' needs a CUDA device, got {dev}")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+        if nprog is not None and (not _is_int(nprog) or nprog <= 0):
+            raise ValueError(f"num_programs must be a positive int or None, got {nprog!r}")
+
+    def _choose_impl(self, impl: str, reasons: list[str]) -> str:
+        info = self._info
+        if self.backend == "allgather":
+            chosen = "triton" if impl == "auto" else impl
+            what = " (one fused Triton RoPE + convert kernel)" if chosen == "triton" else " (plain torch ops)"
+            reasons.append(f"impl {chosen}{what}")
+            return chosen
+        want = impl
+        if impl == "auto":
+            want = DEFAULT_GPU_IMPL if self._gpu else "triton"
+        if want == "cuda" and (self.nope_dim % 16 or self.world_size > 8):
+            why = f"nope_dim {self.nope_dim} is not a multiple of 16 or W = {self.world_size} > 8"
+            if impl == "cuda":
+                raise ValueError(f"impl='cuda' needs nope_dim % 16 == 0 and W <= 8: {why}")
+            reasons.append(f"impl triton (the CUDA kernel does not cover this geometry: {why})")
+            return "triton"
+        err = None
+        if want == "cuda":
+            try:
+                from . import ops
+
+                ops.load()
+            except Exception as e:  # noqa: BLE001 - reported to every rank
+                err = f"{type(e).__name__}: {e}"
+        errs = all_gather_object(info, err)
+        failed = [(r, m) for r, m in enumerate(errs) if m is not None]
+        if failed and impl == "cuda":
+            agree(info, err, "QueryGather CUDA kernel build")
+        if failed:
+            reasons.append(f"impl triton (the CUDA kernel is unavailable on rank {failed[0][0]}: {failed[0][1]})")
+            return "triton"
+        reasons.append(f"impl {want}" + (" (default)" if impl == "auto" else ""))
+        return want
+
+    def _setup_direct(self, num_programs: int | None) -> None:
+        info, dev, W, H = self._info, self.device, self.world_size, self.heads_per_rank
+        if num_programs is None:
+            if dev.type == "cuda":
+                num_programs = 2 * torch.cuda.get_device_properties(dev).multi_processor_count
+            else:
+                num_programs = 4
+        nprogs = all_gather_object(info, num_programs)
+        self.num_programs = NP = min(nprogs)  # the grids must match: twin programs wait for each other
+        self._bu = 4 if self._gpu else 2
+        self._slot_bytes = -(-(self.max_tokens * H * self.head_dim * 2) // 256) * 256
+        self._data_off = K.header_bytes(NP, W)
+        nbytes = self._data_off + 3 * self._slot_bytes
+        self._buf = _memory.allocate(nbytes, info.group, memory=self.memory, device=dev)
+        self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
+        self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
+        self._err = ErrorWord(dev, self.timeout_s)
+        self._timeout_ns = int(self.timeout_s * 1e9)
+        self._spins = spin_budget(self.timeout_s, dev)
+        self._mech = mechanism_code("query")
+        z = self._data_off + K.SLOT_Z * self._slot_bytes
+        n_nope = self.max_tokens * H * self.nope_dim
+        self._z_nope = self._buf.view(self.rank, (self.max_tokens, H, self.nope_dim), torch.bfloat16, z)
+        self._z_pe = self._buf.view(self.rank, (self.max_tokens, H, self.rope_dim), torch.bfloat16, z + 2 * n_nope)
+
+    def _setup_allgather(self) -> None:
+        H, D, dev = self.heads_per_rank, self.head_dim, self.device
+        self.num_programs = None
+        self._staging = torch.empty((self.max_tokens, H, D), dtype=torch.bfloat16, device=dev)
+        self._gathered = torch.empty(self.world_size * self.max_tokens * H * D, dtype=torch.bfloat16, device=dev)
+        self._err = None
+
+    # --------------------------------------------------------------------------------- state
+    def check(self) -> None:
+        """Raise :class:`PeerTimeoutError` if a wait of an earlier call timed out (no synchronization: a
+        call still running on the GPU reports later). After it raised once, every call raises it."""
+        if self._failure is not None:
+            raise self._failure
+        if self._err is not None:
+            try:
+                self._err.raise_if_set()
+            except PeerTimeoutError as e:
+                self._failure = e
+                raise
+
+    def _ready(self) -> None:
+        if self._closed:
+            raise ValueError("QueryGather is closed")
+        self.check()
+
+    def close(self) -> None:
+        """Collective and idempotent: releases the exposed buffer (every rank must call it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._buf is not None:
+            self._z_nope = self._z_pe = None
+            self._buf.close()
+            self._buf = None
+        self._staging = self._gathered = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> QueryGather:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"QueryGather(backend={self.backend!r}, memory={self.memory!r}, impl={self.impl!r}, "
+            f"exchange={self.exchange!r}, W={self.world_size}, H={self.heads_per_rank}, "
+            f"D={self.nope_dim}+{self.rope_dim}, out={self.out_dtype}, {'closed' if self._closed else 'open'})"
+        )
+
+    # ---------------------------------------------------------------------------- validation
+    def _check_shard(self, name: str, x, width: int) -> int:
+        H = self.heads_per_rank
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be torch.bfloat16, got {x.dtype}")
+        if x.dim() != 3 or x.shape[1] != H or x.shape[2] != width:
+            raise ValueError(f"{name} must have shape [T, {H}, {width}], got {list(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"{name} must be on {self.device}, got {x.device}")
+        T = x.shape[0]
+        if self.max_tokens < T:
+            raise ValueError(f"{name} has T = {T} tokens, more than max_tokens = {self.max_tokens}")
+        if x.numel() and (x.stride(2) != 1 or x.stride(0) % 8 or x.stride(1) % 8 or x.data_ptr() % 16):
+            raise ValueError(
+                f"{name} must have a contiguous last dim, strides that are multiples of 8 elements and a "
+                f"16-byte aligned data pointer (16-byte rows); got strides {x.stride()}"
+            )
+        return T
+
+    def _check_common(self, T: int, positions, cos_sin_cache, out) -> None:
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        if positions.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"positions must be torch.int32 or torch.int64, got {positions.dtype}")
+        if positions.dim() != 1 or positions.shape[0] != T:
+            raise ValueError(f"positions must have shape [T] = [{T}], got {list(positions.shape)}")
+        if positions.device != self.device:
+            raise ValueError(f"positions must be on {self.device}, got {positions.device}")
+        if T > 1 and positions.stride(0) != 1:
+            raise ValueError(f"positions must be contiguous, got stride {positions.stride()}")
+        if not isinstance(cos_sin_cache, torch.Tensor):
+            raise TypeError(f"cos_sin_cache must be a torch.Tensor, got {type(cos_sin_cache).__name__}")
+        if cos_sin_cache.dtype != torch.float32:
+            raise TypeError(f"cos_sin_cache must be torch.float32, got {cos_sin_cache.dtype}")
+        if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != self.rope_dim or cos_sin_cache.shape[0] < 1:
+            raise ValueError(
+                f"cos_sin_cache must have shape [max_pos, {self.rope_dim}] (rows [cos | sin]), "
+                f"got {list(cos_sin_cache.shape)}"
+            )
+        if cos_sin_cache.device != self.device:
+            raise ValueError(f"cos_sin_cache must be on {self.device}, got {cos_sin_cache.device}")
+        if not cos_sin_cache.is_contiguous() or cos_sin_cache.data_ptr() % 16:
+            raise ValueError("cos_sin_cache must be contiguous with a 16-byte aligned data pointer")
+        if positions.device.type == "cpu" and T:
+            lo, hi = int(positions.min()), int(positions.max())
+            if lo < 0 or hi >= cos_sin_cache.shape[0]:
+                raise ValueError(
+                    f"positions must be in [0, {cos_sin_cache.shape[0]}) (rows of cos_sin_cache), got [{lo}, {hi}]"
+                )
+        if out is not None:
+            shape = [T, self.out_heads, self.head_dim]
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+            if out.dtype != self.out_dtype:
+                raise TypeError(f"out must be {self.out_dtype}, got {out.dtype}")
+            if list(out.shape) != shape or not out.is_contiguous() or out.device != self.device or out.data_ptr() % 16:
+                raise ValueError(
+                    f"out must be a contiguous, 16-byte aligned {shape} tensor on {self.device}, got "
+                    f"{list(out.shape)} on {out.device} (contiguous: {out.is_contiguous()})"
+                )
+
+    def _new_out(self, T: int, out):
+        if out is None:
+            out = torch.empty((T, self.out_heads, self.head_dim), dtype=self.out_dtype, device=self.device)
+        return out
+
+    def _bits(self, out: torch.Tensor) -> torch.Tensor:
+        return out.view(torch.uint8) if self.out_dtype == torch.float8_e4m3fn else out.view(torch.int16)
+
+    # ------------------------------------------------------------------------------------ calls
+    def gather(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The widened query of the group (collective: every rank calls it with the same T).
+
+        Args:
+            q_nope: ``[T, H, nope]`` bf16, this rank's heads (last dim contiguous, strides multiples of 8).
+            q_pe: ``[T, H, rope]`` bf16, un-rotated.
+            positions: ``[T]`` int32/int64, rows of ``cos_sin_cache`` (checked on CPU; on GPU not checked
+                - that would synchronize - and clamped into the table).
+            cos_sin_cache: ``[max_pos, rope]`` fp32, rows ``[cos | sin]`` (see :mod:`peerdcp.query.rope`).
+            out: optional ``[T, out_heads, nope + rope]`` output (``out_dtype``, contiguous).
+
+        Returns:
+            ``q [T, out_heads, nope + rope]`` in ``out_dtype``: widened head ``s*H + h`` is head h of rank s,
+            ``[nope | rotated rope]``, padding heads zero.
+
+        Raises:
+            ValueError / TypeError: bad input, before any launch or peer store.
+            PeerTimeoutError: a wait of this or an earlier call timed out (see the module docstring).
+        """
+        self._ready()
+        T = self._check_shard("q_nope", q_nope, self.nope_dim)
+        T2 = self._check_shard("q_pe", q_pe, self.rope_dim)
+        if T2 != T:
+            raise ValueError(f"q_pe has {T2} tokens, q_nope has {T}")
+        self._check_common(T, positions, cos_sin_cache, out)
+        out = self._new_out(T, out)
+        if T == 0:
+            return out
+        if self.backend == "direct":
+            mode = self._copy_mode(T)
+            self._launch_direct(mode, q_nope, q_pe, positions, cos_sin_cache, out, T)
+        else:
+            self._allgather(q_nope, q_pe, positions, cos_sin_cache, out, T)
+        return out
+
+    def exposed_shard(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-copy producer API (direct backend): views of this rank's exposed bf16 shard.
+
+        Enqueues (on the current stream) a bounded wait until every peer finished reading the previous
+        exposed shard, then returns ``(q_nope [T, H, nope], q_pe [T, H, rope])`` bf16 views; write the
+        projection into them on the same stream, then call :meth:`gather_exposed` with the same T.
+        The views alias the same memory every call (CUDA-graph friendly).
+        """
+        self._ready()
+        if self.backend != "direct":
+            raise ValueError(f"exposed_shard needs backend='direct', this object uses {self.backend!r}")
+        if not _is_int(num_tokens):
+            raise TypeError(f"num_tokens must be an int, got {type(num_tokens).__name__}")
+        if not 1 <= num_tokens <= self.max_tokens:
+            raise ValueError(f"num_tokens must be in [1, {self.max_tokens}], got {num_tokens}")
+        self._launch_wait_acks()
+        self._exposed_T = num_tokens
+        return self._z_nope[:num_tokens], self._z_pe[:num_tokens]
+
+    def gather_exposed(
+        self, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`gather` of the shard written into the :meth:`exposed_shard` views (T = ``positions.shape[0]``)."""
+        self._ready()
+        if self.backend != "direct":
+            raise ValueError(f"gather_exposed needs backend='direct', this object uses {self.backend!r}")
+        if self._exposed_T is None:
+            raise ValueError("gather_exposed: call exposed_shard(T) first (and write the shard into its views)")
+        T = self._exposed_T
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        if positions.dim() != 1 or positions.shape[0] != T:
+            raise ValueError(
+                f"positions must have shape [T] = [{T}] (the T of exposed_shard), got {list(positions.shape)}"
+            )
+        self._check_common(T, positions, cos_sin_cache, out)
+        out = self._new_out(T, out)
+        self._exposed_T = None
+        self._launch_direct(K.MODE_EXPOSED, self._z_nope, self._z_pe, positions, cos_sin_cache, out, T)
+        return out
+
+    def _copy_mode(self, T: int) -> int:
+        ex = self.exchange
+        if ex == "auto":
+            ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else "roped"
+        return K.MODE_RAW if ex == "raw" else K.MODE_ROPED
+
+    # ---------------------------------------------------------------------------------- launches
+    def _launch_direct(self, mode, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:
+        buf = self._buf
+        if self.impl == "cuda":
+            from . import ops
+
+            ops.query_direct(
+                q_nope,
+                q_pe,
+                positions,
+                cos_sin_cache,
+                out,
+                buf.peer_addrs,
+                self._epochs,
+                self._last_z,
+                self._err.kernel_arg(),
+                self._timeout_ns,
+                self.quant_scale,
+                T,
+                self.rank,
+                self.world_size,
+                self.heads_per_rank,
+                self.out_heads,
+                self.nope_dim,
+                self.rope_dim,
+                self.max_tokens,
+                self._data_off,
+                self._slot_bytes,
+                self.num_programs,
+                mode,
+                self.rope_style == "neox",
+                self._mech,
+            )
+        else:
+            K.direct_kernel[(self.num_programs,)](
+                q_nope,
+                q_pe,
+                q_nope.stride(0),
+                q_nope.stride(1),
+                q_pe.stride(0),
+                q_pe.stride(1),
+                positions,
+                cos_sin_cache,
+                cos_sin_cache.shape[0],
+                self._bits(out),
+                buf.peer_ptrs,
+                self._epochs,
+                self._last_z,
+                self._err.kernel_arg(),
+                self._timeout_ns,
+                self._spins,
+                self.quant_scale,
+                T,
+                self.rank,
+                self.max_tokens,
+                self._data_off,
+                self._slot_bytes,
+                W=self.world_size,
+                H=self.heads_per_rank,
+                HOUT=self.out_heads,
+                NOPE=self.nope_dim,
+                ROPE=self.rope_dim,
+                NPROG=self.num_programs,
+                BU=self._bu,
+                MODE=mode,
+                NEOX=self.rope_style == "neox",
+                OUT_FP8=self.out_dtype == torch.float8_e4m3fn,
+                MECH=self._mech,
+                GPU=self._gpu,
+                num_warps=4,
+                enable_fp_fusion=False,
+            )
+        self._after_launch()
+
+    def _launch_wait_acks(self) -> None:
+        if self.impl == "cuda":
+            from . import ops
+
+            ops.query_wait_acks(
+                self._buf.peer_addrs,
+                self._last_z,
+                self._err.kernel_arg(),
+                self._timeout_ns,
+                self.rank,
+                self.world_size,
+                self.num_programs,
+                self._mech,
+            )
+        else:
+            K.wait_acks_kernel[(self.num_programs,)](
+                self._buf.peer_ptrs,
+                self._last_z,
+                self._err.kernel_arg(),
+                self._timeout_ns,
+                self._spins,
+                self.rank,
+                W=self.world_size,
+                NPROG=self.num_programs,
+                MECH=self._mech,
+                GPU=self._gpu,
+                num_warps=1,
+            )
+        self._after_launch()
+
+    def _after_launch(self) -> None:
+        # The interpreter runs the kernel synchronously: report a timeout at once. On the GPU the host
+        # never waits; the next call (or check()) reads the pinned error word.
+        if not self._gpu:
+            self.check()
+
+    def _allgather(self, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:
+        W, H, D = self.world_size, self.heads_per_rank, self.head_dim
+        staging = self._staging[:T]
+        torch.cat((q_nope, q_pe), dim=-1, out=staging)
+        gathered = self._gathered[: W * T * H * D]
+        _all_gather_into(gathered, staging, self._info)
+        g = gathered.view(W, T, H, D)
+        if self.impl == "torch":
+            q = widened_query(
+                [g[s, :, :, : self.nope_dim] for s in range(W)],
+                [g[s, :, :, self.nope_dim :] for s in range(W)],
+                positions,
+                cos_sin_cache,
+                rope_style=self.rope_style,
+                out_dtype=self.out_dtype,
+                quant_scale=self.quant_scale,
+                pad_heads_to=self.out_heads if self.out_heads > W * H else None,
+            )
+            out.copy_(q)
+            return
+        n_main = triton.cdiv(T * W * H, 4)
+        n_pad = triton.cdiv(T * (self.out_heads - W * H), 4)
+        K.allgather_rope_kernel[(n_main + n_pad,)](
+            g,
+            positions,
+            cos_sin_cache,
+            cos_sin_cache.shape[0],
+            self._bits(out),
+            self.quant_scale,
+            T,
+            W=W,
+            H=H,
+            HOUT=self.out_heads,
+            NOPE=self.nope_dim,
+            ROPE=self.rope_dim,
+            BU=4,
+            NEOX=self.rope_style == "neox",
+            OUT_FP8=self.out_dtype == torch.float8_e4m3fn,
+            GPU=self._gpu,
+            num_warps=4,
+            enable_fp_fusion=False,
+        )
+
+
+def _all_gather_into(dst: torch.Tensor, src: torch.Tensor, info) -> None:
+    """``dst [W * numel(src)]`` <- every rank's ``src`` in rank order (NCCL on GPU, gloo on CPU)."""
+    import torch.distributed as dist
+
+    group = info.group if src.is_cuda else info.cpu_group
+    # torch >= 2.14 renamed all_gather_into_tensor to all_gather_single (the old name warns)
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    try:
+        ag(dst, src, group=group)
+    except (RuntimeError, NotImplementedError):
+        if src.is_cuda:
+            raise
+        parts = list(dst.view(info.world_size, *src.shape).unbind(0))
+        dist.all_gather(parts, src.contiguous(), group=group)

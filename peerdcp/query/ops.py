@@ -1,0 +1,216 @@
+"""The CUDA C++ direct kernel (``csrc/query_direct.cu``) as ``torch.library`` custom ops.
+
+``peerdcp::query_direct`` and ``peerdcp::query_wait_acks`` launch the C-ABI entry points (built at first
+use by :func:`peerdcp.jit.load_library`) on the current stream, so they are CUDA-graph capturable. Both
+mutate their state tensors in place and return nothing; their fake implementations do nothing (there is
+no output to shape). Peer memory, the error word and the remote flags are raw addresses: the ops'
+effects on them are invisible to torch by design.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from ..jit import load_library
+
+__all__ = ["load", "query_direct", "query_wait_acks"]
+
+# no --use_fast_math: no flush-to-zero, and -fmad=false keeps every fp32 rounding of the reference
+_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-fmad=false", "-lineinfo")
+
+_i64, _i32, _vp, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """Build (once per source hash) and load ``libpeerdcp_query.so``; raises JitError without nvcc."""
+    lib = load_library("peerdcp_query", ("query_direct.cu",), _FLAGS)
+    lib.peerdcp_query_direct.restype = ctypes.c_int
+    lib.peerdcp_query_direct.argtypes = [
+        _vp,
+        _vp,
+        _i64,
+        _i64,
+        _i64,
+        _i64,  # q_nope, q_pe, strides
+        _vp,
+        _i32,
+        _vp,
+        _i64,  # pos, pos64, cos_sin, max_pos
+        _vp,
+        _vp,
+        _vp,
+        _vp,
+        _vp,  # out, peer_addrs (host uint64[W]), epochs, last_z, err
+        _i64,
+        _f32,  # timeout_ns, quant_scale
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,  # T, rank, W, H, HOUT, NOPE, ROPE
+        _i64,
+        _i64,
+        _i64,  # max_tokens, data_off, slot_bytes
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,  # nprog, mode, neox, fp8, mech
+        _vp,  # stream
+    ]
+    lib.peerdcp_query_wait_acks.restype = ctypes.c_int
+    lib.peerdcp_query_wait_acks.argtypes = [_vp, _vp, _vp, _i64, _i32, _i32, _i32, _i32, _vp]
+    return lib
+
+
+def _check(err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"peerdcp {what} launch failed: CUDA error {err}")
+
+
+@functools.cache
+def _addr_array(addrs: tuple[int, ...]) -> ctypes.Array:
+    return (ctypes.c_uint64 * len(addrs))(*addrs)
+
+
+@torch.library.custom_op("peerdcp::query_direct", mutates_args=("out", "epochs", "last_z"))
+def _query_direct_op(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    out: torch.Tensor,
+    epochs: torch.Tensor,
+    last_z: torch.Tensor,
+    peer_addrs: list[int],
+    err_addr: int,
+    timeout_ns: int,
+    quant_scale: float,
+    geometry: list[int],
+) -> None:
+    T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, nprog, mode, neox, mech = geometry
+    lib = load()
+    stream = torch.cuda.current_stream(out.device).cuda_stream
+    err = lib.peerdcp_query_direct(
+        q_nope.data_ptr(),
+        q_pe.data_ptr(),
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        positions.data_ptr(),
+        int(positions.dtype == torch.int64),
+        cos_sin_cache.data_ptr(),
+        cos_sin_cache.shape[0],
+        out.data_ptr(),
+        ctypes.cast(_addr_array(tuple(peer_addrs)), _vp),
+        epochs.data_ptr(),
+        last_z.data_ptr(),
+        err_addr,
+        timeout_ns,
+        quant_scale,
+        T,
+        rank,
+        W,
+        H,
+        HOUT,
+        NOPE,
+        ROPE,
+        max_tokens,
+        data_off,
+        slot_bytes,
+        nprog,
+        mode,
+        neox,
+        int(out.dtype == torch.float8_e4m3fn),
+        mech,
+        stream,
+    )
+    _check(err, "query_direct")
+
+
+@_query_direct_op.register_fake
+def _(
+    q_nope, q_pe, positions, cos_sin_cache, out, epochs, last_z, peer_addrs, err_addr, timeout_ns, quant_scale, geometry
+) -> None:
+    return None
+
+
+@torch.library.custom_op("peerdcp::query_wait_acks", mutates_args=("last_z",))
+def _query_wait_acks_op(
+    last_z: torch.Tensor, peer_addrs: list[int], err_addr: int, timeout_ns: int, geometry: list[int]
+) -> None:
+    rank, W, nprog, mech = geometry
+    stream = torch.cuda.current_stream(last_z.device).cuda_stream
+    err = load().peerdcp_query_wait_acks(
+        ctypes.cast(_addr_array(tuple(peer_addrs)), _vp),
+        last_z.data_ptr(),
+        err_addr,
+        timeout_ns,
+        rank,
+        W,
+        nprog,
+        mech,
+        stream,
+    )
+    _check(err, "query_wait_acks")
+
+
+@_query_wait_acks_op.register_fake
+def _(last_z, peer_addrs, err_addr, timeout_ns, geometry) -> None:
+    return None
+
+
+def query_direct(
+    q_nope,
+    q_pe,
+    positions,
+    cos_sin_cache,
+    out,
+    peer_addrs,
+    epochs,
+    last_z,
+    err_addr,
+    timeout_ns,
+    quant_scale,
+    T,
+    rank,
+    W,
+    H,
+    HOUT,
+    NOPE,
+    ROPE,
+    max_tokens,
+    data_off,
+    slot_bytes,
+    nprog,
+    mode,
+    neox,
+    mech,
+) -> None:
+    """Launch one call of the CUDA direct kernel on the current stream (see ``csrc/query_direct.cu``)."""
+    torch.ops.peerdcp.query_direct(
+        q_nope,
+        q_pe,
+        positions,
+        cos_sin_cache,
+        out,
+        epochs,
+        last_z,
+        list(peer_addrs),
+        err_addr,
+        timeout_ns,
+        quant_scale,
+        [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, nprog, mode, int(neox), mech],
+    )
+
+
+def query_wait_acks(peer_addrs, last_z, err_addr, timeout_ns, rank, W, nprog, mech) -> None:
+    """Launch the zero-copy ack wait (``exposed_shard``) on the current stream."""
+    torch.ops.peerdcp.query_wait_acks(last_z, list(peer_addrs), err_addr, timeout_ns, [rank, W, nprog, mech])

@@ -1,0 +1,319 @@
+"""Functions run on every rank by tests/test_output.py and tests/test_output_gpu.py (module-level for spawn).
+
+Every rank generates *all* ranks' inputs from the same seed, so each rank can compute the fp64 reference
+for its own heads locally (``reference.dcp_reduce``) and no barrier is needed between calls.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import peerdcp
+from peerdcp.errors import PeerTimeoutError
+from peerdcp.output.reference import dcp_reduce
+
+# Whole-output relative (Frobenius) error bound, and the per-element bound of one rounding to the output
+# dtype (unit roundoff: 2^-8 for bf16, 2^-11 for fp16) plus fp32-accumulation slack.
+TOL = {torch.bfloat16: 2e-3, torch.float16: 5e-4}
+ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def make_inputs(seed: int, W: int, T: int, H: int, D: int, dtype: torch.dtype, adversarial: bool = True):
+    """All ranks' ``partial_out [T, W*H, D]`` and ``partial_lse [T, W*H]`` (CPU), deterministic in ``seed``.
+
+    Adversarial: -inf / NaN / +inf LSE entries (their payloads are NaN: they must never be read), rows
+    where every source is empty (NaN payloads everywhere), and rows with huge LSE gaps.
+    """
+    g = torch.Generator().manual_seed(seed)
+    outs = [torch.randn(T, W * H, D, generator=g).to(dtype) for _ in range(W)]
+    lses = [torch.randn(T, W * H, generator=g) * 4.0 for _ in range(W)]
+    if adversarial and T > 0:
+        nan_payload = torch.full((D,), float("nan")).to(dtype)
+        for s in range(W):
+            u = torch.rand(T, W * H, generator=g)
+            lses[s][u < 0.08] = float("-inf")
+            lses[s][(u >= 0.08) & (u < 0.14)] = float("nan")
+            lses[s][(u >= 0.14) & (u < 0.18)] = float("inf")
+            gap = torch.rand(T, W * H, generator=g) < 0.1  # huge gaps: this source dominates or vanishes
+            lses[s][gap] += torch.where(torch.rand(int(gap.sum()), generator=g) < 0.5, 300.0, -300.0)
+        # rows where every source is empty
+        empty = torch.rand(T, W * H, generator=g) < 0.1
+        kinds = torch.randint(0, 3, (T, W * H), generator=g)
+        for s in range(W):
+            fill = torch.tensor([float("-inf"), float("nan"), float("inf")])[kinds]
+            lses[s] = torch.where(empty, fill, lses[s])
+        for s in range(W):
+            bad = ~torch.isfinite(lses[s]) | (lses[s] == float("-inf"))
+            outs[s][bad] = nan_payload
+    return outs, lses
+
+
+def check_result(out, ref, lse=None, ref_lse=None, dtype=torch.bfloat16) -> dict:
+    """Relative Frobenius error, worst element against one rounding, NaN/inf count, exact zeros in rows
+    where every source is empty (reference row 0)."""
+    out = out.detach().to("cpu", torch.float64)
+    ref = ref.to(torch.float64)
+    nan = int(torch.isnan(out).sum()) + int(torch.isinf(out).sum())
+    diff = (out - ref).nan_to_num(nan=1e30, posinf=1e30, neginf=1e30)
+    sq_err, sq_ref = float(diff.pow(2).sum()), float(ref.pow(2).sum())
+    elem = float((diff.abs() - ULP[dtype] * 1.001 * ref.abs()).max()) if ref.numel() else 0.0
+    empty_rows = ref.norm(dim=-1) == 0
+    zero_ok = bool((out[empty_rows] == 0).all())
+    ok = nan == 0 and zero_ok and elem <= 1e-5
+    res = {"elem": elem, "nan": nan, "zero_ok": zero_ok, "ok": ok, "sq_err": sq_err, "sq_ref": sq_ref}
+    if ref_lse is not None:
+        lse = lse.detach().to("cpu", torch.float64)
+        rl = ref_lse.to(torch.float64)
+        fin = torch.isfinite(rl)
+        same_inf = bool((lse[~fin] == rl[~fin]).all())
+        lerr = float(((lse[fin] - rl[fin]).abs() / rl[fin].abs().clamp_min(1.0)).max()) if bool(fin.any()) else 0.0
+        res.update(lse_err=lerr, lse_inf_ok=same_inf, lse_nan=int(torch.isnan(lse).sum()))
+        res["ok"] = res["ok"] and same_inf and lerr <= 1e-4 and res["lse_nan"] == 0
+    return res
+
+
+def _device(memory: str) -> str:
+    return "cpu" if memory == "host" else f"cuda:{torch.cuda.current_device()}"
+
+
+def run_cases(config: dict, cases: list[dict], seed: int) -> list[dict]:
+    """One reducer (``config`` = constructor kwargs), many calls: each case ``{T, return_lse, adversarial}``.
+    Returns one row per call (strict per-element check) and a last row with the run's relative error.
+
+    Calls follow each other with new inputs and no barrier; outputs are poisoned (NaN) through the
+    reducer's own fresh allocation, so a missed write shows up as NaN.
+    """
+    W, rank = dist.get_world_size(), dist.get_rank()
+    dev = _device(config.get("memory", "host")) if config.get("backend") == "direct" else config.get("device", "cpu")
+    kw = dict(config)
+    kw.setdefault("device", dev)
+    res = []
+    with peerdcp.OutputReducer(None, **kw) as red:
+        H, D, dtype = red.heads, red.head_dim, red.dtype
+        for i, c in enumerate(cases):
+            outs, lses = make_inputs(seed * 1000 + i, W, c["T"], H, D, dtype, c.get("adversarial", True))
+            po = outs[rank].to(red.device)
+            pl = lses[rank].to(red.device)
+            rl = c.get("return_lse", False)
+            got = red.reduce(po, pl, return_lse=rl)
+            ref = dcp_reduce(outs, lses, rank, lse_base=red.lse_base, return_lse=rl)
+            if rl:
+                r = check_result(got[0], ref[0], got[1], ref[1], dtype=dtype)
+            else:
+                r = check_result(got, ref, dtype=dtype)
+            r.update(T=c["T"], i=i)
+            res.append(r)
+        info = {"backend": red.backend, "memory": red.memory, "kernel": red.kernel, "reason": red.reason}
+        # the relative (Frobenius) error over every call of the run: one rounding to the output dtype
+        rel = (sum(r["sq_err"] for r in res) / max(sum(r["sq_ref"] for r in res), 1e-30)) ** 0.5
+        res.append({"T": -1, "rel": rel, "ok": rel <= TOL[dtype]})
+    return [dict(r, **info) for r in res]
+
+
+def bad_inputs(config: dict) -> list[str]:
+    """Each bad call must raise TypeError/ValueError before any launch; returns 'Type: message' lines."""
+    W = dist.get_world_size()
+    msgs = []
+    with peerdcp.OutputReducer(None, **config) as red:
+        H, D, dev, dt = red.heads, red.head_dim, red.device, red.dtype
+        T = 3
+        good_o = torch.zeros(T, W * H, D, dtype=dt, device=dev)
+        good_l = torch.zeros(T, W * H, dtype=torch.float32, device=dev)
+        big = red.max_tokens + 1
+        big_o = torch.zeros(big, W * H, D, dtype=dt, device=dev)
+        big_l = torch.zeros(big, W * H, device=dev)
+        bad = [
+            ("list", [0], good_l, False),
+            ("float32 out", good_o.float(), good_l, False),
+            ("fp16 lse", good_o, good_l.half(), False),
+            ("rank-2 out", good_o[:, :, 0], good_l, False),
+            ("wrong heads", torch.zeros(T, W * H + 1, D, dtype=dt, device=dev), good_l, False),
+            ("wrong D", torch.zeros(T, W * H, D + 1, dtype=dt, device=dev), good_l, False),
+            ("lse shape", good_o, torch.zeros(T + 1, W * H, device=dev), False),
+            ("too many tokens", big_o, big_l, False),
+            ("non-contiguous out", torch.zeros(W * H, T, D, dtype=dt, device=dev).transpose(0, 1), good_l, False),
+            ("non-contiguous lse", good_o, torch.zeros(W * H, T, device=dev).t(), False),
+            ("return_lse not bool", good_o, good_l, 1),
+        ]  # fmt: skip
+        if dev.type == "cuda":
+            bad.append(("wrong device", good_o.cpu(), good_l.cpu(), False))
+        else:
+            bad.append(("lse as int", good_o, good_l.to(torch.int32), False))
+        for name, o, l, rl in bad:
+            try:
+                red.reduce(o, l, return_lse=rl)
+                msgs.append(f"{name}: no error")
+            except (TypeError, ValueError) as e:
+                msgs.append(f"{name}: {type(e).__name__}: {e}")
+        # T = 0 is valid and touches nothing
+        e0 = red.reduce(good_o[:0], good_l[:0])
+        msgs.append(f"empty: {tuple(e0.shape)}")
+    try:
+        red.reduce(good_o, good_l)
+        msgs.append("closed: no error")
+    except ValueError as e:
+        msgs.append(f"closed: ValueError: {e}")
+    red.close()  # idempotent
+    return msgs
+
+
+def bad_construct(kwargs_by_rank: list[dict]) -> str:
+    """Construct with per-rank kwargs; returns 'Type: message' (every rank must raise)."""
+    kw = kwargs_by_rank[dist.get_rank()]
+    try:
+        peerdcp.OutputReducer(None, **kw).close()
+        return "no error"
+    except (TypeError, ValueError, peerdcp.PeerSetupError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def missing_peer(config: dict, absent: int, timeout_s: float) -> dict:
+    """Rank ``absent`` never calls reduce: the others must raise PeerTimeoutError within the timeout, then
+    refuse every later call with the same error."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    red = peerdcp.OutputReducer(None, timeout_s=timeout_s, **config)
+    H, D = red.heads, red.head_dim
+    res: dict = {}
+    try:
+        # one good round first (everybody present), so the timeout hits a live protocol
+        outs, lses = make_inputs(7, W, 2, H, D, red.dtype)
+        red.reduce(outs[rank].to(red.device), lses[rank].to(red.device))
+        red.check()
+        dist.barrier(group=red._info.cpu_group)
+        if rank == absent:
+            time.sleep(timeout_s * 2 + 1.0)
+            res["absent"] = True
+        else:
+            t0 = time.time()
+            try:
+                red.reduce(outs[rank].to(red.device), lses[rank].to(red.device))
+                red.check()
+                res["first"] = "no error"
+            except PeerTimeoutError as e:
+                res["first"] = f"rank={e.rank} peer={e.peer} mech={e.mechanism}"
+            res["dt"] = time.time() - t0
+            try:
+                red.reduce(outs[rank].to(red.device), lses[rank].to(red.device))
+                res["second"] = "no error"
+            except PeerTimeoutError as e:
+                res["second"] = f"rank={e.rank} peer={e.peer} mech={e.mechanism}"
+            try:
+                red.check()
+                res["check"] = "no error"
+            except PeerTimeoutError:
+                res["check"] = "PeerTimeoutError"
+    finally:
+        red.close()
+    return res
+
+
+def resources() -> dict:
+    pid = os.getpid()
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/maps") as f:
+        maps = sum(1 for line in f if "/dev/shm/peerdcp-" in line)
+    return {"fds": fds, "maps": maps, "shm": len(glob.glob("/dev/shm/peerdcp-*"))}
+
+
+def create_close_cycles(config: dict, n: int) -> dict:
+    before = resources()
+    W, rank = dist.get_world_size(), dist.get_rank()
+    for _ in range(n):
+        with peerdcp.OutputReducer(None, **config) as red:
+            outs, lses = make_inputs(3, W, 1, red.heads, red.head_dim, red.dtype, adversarial=False)
+            red.reduce(outs[rank].to(red.device), lses[rank].to(red.device))
+    return {"before": before, "after": resources()}
+
+
+# --------------------------------------------------------------------------------------------- GPU
+def gpu_inputs(seed: int, W: int, T: int, H: int, D: int, dtype: torch.dtype, adversarial: bool = True):
+    """``make_inputs`` moved to this rank's GPU (all ranks' tensors, so references can be computed here)."""
+    outs, lses = make_inputs(seed, W, T, H, D, dtype, adversarial)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    return [o.to(dev) for o in outs], [l.to(dev) for l in lses]
+
+
+def _ref32(outs, lses, rank, base):
+    from peerdcp.output.reference import dcp_reduce as ref
+
+    return ref(outs, lses, rank, lse_base=base, return_lse=True, compute_dtype=torch.float32)
+
+
+def graph_replays(config: dict, replays: int, t_big: int, t_small: int, n_sets: int = 5) -> dict:
+    """Capture two back-to-back reduce calls (T = t_big, then t_small with return_lse) in one CUDA graph;
+    replay it ``replays`` times, copying a new input set into the static inputs before each replay (no
+    barrier, no host sync). Every replay is compared on the GPU with its fp32 reference; returns counts."""
+    W, rank = dist.get_world_size(), dist.get_rank()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with peerdcp.OutputReducer(None, device=dev, **config) as red:
+        H, D, dt, base = red.heads, red.head_dim, red.dtype, red.lse_base
+        sets = []
+        for k in range(n_sets):
+            ob, lb = gpu_inputs(100 + k, W, t_big, H, D, dt)
+            os_, ls_ = gpu_inputs(200 + k, W, t_small, H, D, dt)
+            rb, _ = _ref32(ob, lb, rank, base)
+            rs, rls = _ref32(os_, ls_, rank, base)
+            sets.append((ob[rank], lb[rank], rb, os_[rank], ls_[rank], rs, rls))
+        s_ob, s_lb = sets[0][0].clone(), sets[0][1].clone()
+        s_os, s_ls = sets[0][3].clone(), sets[0][4].clone()
+        for _ in range(3):  # warm-up (JIT, allocator) on both ranks equally
+            red.reduce(s_ob, s_lb)
+            red.reduce(s_os, s_ls, return_lse=True)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            g_out_b = red.reduce(s_ob, s_lb)
+            g_out_s, g_lse_s = red.reduce(s_os, s_ls, return_lse=True)
+        bad = torch.zeros((), dtype=torch.int64, device=dev)
+        ulp = ULP[dt] * 1.001
+
+        def mism(out, ref):
+            d = (out.float() - ref).abs()
+            return ((d > ulp * ref.abs() + 1e-5) | torch.isnan(out)).any()
+
+        for i in range(replays):
+            ob, lb, rb, os_, ls_, rs, rls = sets[i % n_sets]
+            s_ob.copy_(ob)
+            s_lb.copy_(lb)
+            s_os.copy_(os_)
+            s_ls.copy_(ls_)
+            g.replay()
+            fin = torch.isfinite(rls)
+            lse_bad = (g_lse_s[~fin] != rls[~fin]).any() | (
+                (g_lse_s[fin] - rls[fin]).abs() > 1e-4 * rls[fin].abs().clamp_min(1)
+            ).any()
+            bad += (mism(g_out_b, rb) | mism(g_out_s, rs) | lse_bad).to(torch.int64)
+        torch.cuda.synchronize()
+        red.check()
+        info = {"backend": red.backend, "memory": red.memory, "kernel": red.kernel, "programs": red.programs}
+    return dict(info, replays=replays, mismatches=int(bad))
+
+
+def cuda_triton_twins(memory: str, cases: list[int], seed: int) -> list[dict]:
+    """The CUDA kernel and its Triton twin on the same inputs: both against the reference, and each other."""
+    W, rank = dist.get_world_size(), dist.get_rank()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    common = dict(max_tokens=max(cases), heads_per_rank=16, head_dim=512, backend="direct", memory=memory, device=dev)
+    res = []
+    with (
+        peerdcp.OutputReducer(None, kernel="cuda", **common) as rc,
+        peerdcp.OutputReducer(None, kernel="triton", **common) as rt,
+    ):
+        for i, T in enumerate(cases):
+            outs, lses = gpu_inputs(seed + i, W, T, 16, 512, torch.bfloat16)
+            oc, lc = rc.reduce(outs[rank], lses[rank], return_lse=True)
+            ot, lt = rt.reduce(outs[rank], lses[rank], return_lse=True)
+            ref, rl = _ref32(outs, lses, rank, "e")
+            r = check_result(oc, ref.double(), lc, rl.double())
+            r2 = check_result(ot, ref.double(), lt, rl.double())
+            same = int((oc != ot).sum())  # same math, same rounding: expect (nearly) identical bits
+            res.append({"T": T, "cuda_ok": r["ok"], "triton_ok": r2["ok"], "differ": same, "numel": oc.numel()})
+        rc.check()
+        rt.check()
+        res.append({"kernels": (rc.kernel, rt.kernel), "programs": (rc.programs, rt.programs)})
+    return res

@@ -1,0 +1,202 @@
+"""Output/LSE exchange on CPU: the reference spec, and direct/host, a2a and ag_rs over gloo at W = 2, 3, 4
+against it (the direct kernel runs interpreted on host shared memory across real processes)."""
+
+from __future__ import annotations
+
+import glob
+import math
+
+import pytest
+import rankfns_output as fns
+import torch
+
+from peerdcp.output.reference import combine, dcp_reduce, sanitize_lse
+
+# ------------------------------------------------------------------------------------- the spec itself
+
+
+def test_reference_sanitizes_and_never_reads_empty_payloads():
+    nan = float("nan")
+    inf = float("inf")
+    o = torch.tensor([[[1.0, 2.0]], [[nan, nan]], [[3.0, 5.0]]])  # [N=3, rows=1, D=2]
+    l = torch.tensor([[0.0], [-inf], [math.log(3.0)]])
+    out, lse = combine(o, l, return_lse=True)
+    assert torch.allclose(out, torch.tensor([[(1 + 3 * 3) / 4, (2 + 5 * 3) / 4]], dtype=torch.float64))
+    assert torch.allclose(lse, torch.tensor([math.log(4.0)], dtype=torch.float64))
+    # NaN and +inf LSEs are empty shards too; all empty -> 0 and -inf, even with NaN payloads
+    out, lse = combine(torch.full((3, 1, 2), nan), torch.tensor([[nan], [inf], [-inf]]), return_lse=True)
+    assert torch.equal(out, torch.zeros(1, 2, dtype=torch.float64)) and lse.item() == -inf
+    assert torch.equal(sanitize_lse(torch.tensor([nan, inf, -inf, 1.0])), torch.tensor([-inf, -inf, -inf, 1.0]))
+
+
+def test_reference_bases_agree_and_gaps_are_exact():
+    g = torch.Generator().manual_seed(5)
+    o = torch.randn(4, 6, 3, 8, generator=g, dtype=torch.float64)
+    le = torch.randn(4, 6, 3, generator=g, dtype=torch.float64) * 3
+    out_e, lse_e = combine(o, le, lse_base="e", return_lse=True)
+    out_2, lse_2 = combine(o, le / math.log(2.0), lse_base=2, return_lse=True)
+    assert torch.allclose(out_e, out_2) and torch.allclose(lse_e / math.log(2.0), lse_2)
+    # a source 1000 below the max contributes nothing (and is not read: NaN payload stays out)
+    o2 = torch.stack([o[0], torch.full_like(o[1], float("nan"))])
+    l2 = torch.stack([le[0], le[0] - 1000.0])
+    assert torch.allclose(combine(o2, l2), o[0])
+
+
+def test_dcp_reduce_picks_own_heads():
+    W, T, H, D = 3, 2, 2, 4
+    outs = [torch.randn(T, W * H, D) for _ in range(W)]
+    lses = [torch.zeros(T, W * H) for _ in range(W)]  # equal weights -> plain mean
+    for r in range(W):
+        want = torch.stack([o[:, r * H : (r + 1) * H] for o in outs]).double().mean(0)
+        assert torch.allclose(dcp_reduce(outs, lses, r), want)
+    with pytest.raises(ValueError):
+        dcp_reduce(outs, lses[:2], 0)
+    with pytest.raises(ValueError):
+        combine(torch.zeros(2, 3, 4), torch.zeros(2, 4))
+
+
+# ------------------------------------------------------------------------------------ across ranks
+
+BACKENDS = ["direct", "a2a", "ag_rs"]
+GEOMETRY = {2: (3, 16), 3: (3, 8), 4: (2, 16)}  # W -> (heads per rank, head dim): odd sizes, tiny for CPU
+
+
+def _config(world: int, backend: str, dtype=torch.bfloat16, lse_base="e", max_tokens=8) -> dict:
+    H, D = GEOMETRY[world]
+    return dict(
+        max_tokens=max_tokens, heads_per_rank=H, head_dim=D, dtype=dtype, backend=backend, memory="host",
+        device="cpu", lse_base=lse_base, timeout_s=60.0,
+    )  # fmt: skip
+
+
+def _assert_all_ok(res: list[list[dict]]) -> None:
+    for rank, rows in enumerate(res):
+        for r in rows:
+            assert r["ok"], f"rank {rank}: {r}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backends_agree_with_reference(pools, world, backend):
+    """bf16 base e and fp16 base 2, T from 1 to max_tokens, return_lse on and off, adversarial LSEs
+    (-inf / NaN / +inf entries with NaN payloads, all-empty rows, gaps of 300)."""
+    cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate([1, 8, 5, 2, 7])]
+    res = pools(world).run(fns.run_cases, _config(world, backend), cases, 11)
+    _assert_all_ok(res)
+    assert all(r["backend"] == backend for r in res[0])
+    res = pools(world).run(fns.run_cases, _config(world, backend, torch.float16, 2), cases[:3], 12)
+    _assert_all_ok(res)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_direct_50_back_to_back_calls(pools, world):
+    """50 calls with new inputs (and changing T) every call, no barrier: the parity slots must hold."""
+    cases = [dict(T=(i * 5) % 8 + 1, return_lse=(i % 3 == 0)) for i in range(50)]
+    res = pools(world).run(fns.run_cases, _config(world, "direct", lse_base=2), cases, 21)
+    _assert_all_ok(res)
+    assert len(res[0]) == 51 and res[0][0]["kernel"] == "triton" and res[0][0]["memory"] == "host"
+
+
+def test_auto_picks_direct_host_on_cpu(pools):
+    res = pools(2).run(fns.run_cases, _config(2, "auto"), [dict(T=3)], 31)
+    _assert_all_ok(res)
+    assert res[0][0]["backend"] == "direct" and res[0][0]["memory"] == "host"
+    assert "host" in res[0][0]["reason"]
+
+
+@pytest.mark.parametrize("backend", ["direct", "a2a"])
+def test_bad_inputs_raise_before_launch(pools, backend):
+    cfg = _config(2, backend)
+    res = pools(2).run(fns.bad_inputs, cfg)
+    for msgs in res:
+        d = dict(m.split(": ", 1) for m in msgs)
+        assert d["list"].startswith("TypeError") and "partial_out" in d["list"]
+        assert d["float32 out"].startswith("TypeError") and "torch.bfloat16" in d["float32 out"]
+        assert d["fp16 lse"].startswith("TypeError") and "partial_lse" in d["fp16 lse"]
+        assert d["lse as int"].startswith("TypeError")
+        for k in ("rank-2 out", "wrong heads", "wrong D"):
+            assert d[k].startswith("ValueError") and "W*H=6" in d[k], d[k]
+        assert d["lse shape"].startswith("ValueError") and "partial_lse" in d["lse shape"]
+        assert d["too many tokens"].startswith("ValueError") and "max_tokens=8" in d["too many tokens"]
+        assert d["non-contiguous out"].startswith("ValueError") and "contiguous" in d["non-contiguous out"]
+        assert d["non-contiguous lse"].startswith("ValueError") and "partial_lse" in d["non-contiguous lse"]
+        assert d["return_lse not bool"].startswith("TypeError")
+        assert d["empty"] == "(0, 3, 16)"
+        assert d["closed"].startswith("ValueError") and "closed" in d["closed"]
+
+
+def test_bad_construction_raises_on_every_rank(pools):
+    good = _config(2, "direct")
+    cases = {
+        "heads % W / mismatch": [good, dict(good, heads_per_rank=4)],
+        "dtype": [dict(good, dtype=torch.float32)] * 2,
+        "lse_base": [dict(good, lse_base=10)] * 2,
+        "backend": [dict(good, backend="nccl")] * 2,
+        "max_tokens": [dict(good, max_tokens=0)] * 2,
+        "max_tokens type": [dict(good, max_tokens=2.5)] * 2,
+        "timeout": [dict(good, timeout_s=0)] * 2,
+        "vmm on cpu": [dict(good, memory="vmm")] * 2,
+        "one rank bad": [good, dict(good, head_dim=-1)],
+    }
+    for name, per_rank in cases.items():
+        res = pools(2).run(fns.bad_construct, per_rank)
+        assert all(r.startswith(("ValueError", "TypeError")) for r in res), (name, res)
+    res = pools(2).run(fns.bad_construct, cases["heads % W / mismatch"])
+    assert all("heads_per_rank" in r and "disagree" in r for r in res), res
+    res = pools(2).run(fns.bad_construct, cases["dtype"])
+    assert all(r.startswith("TypeError") and "dtype" in r for r in res), res
+    res = pools(2).run(fns.bad_construct, cases["one rank bad"])
+    assert "head_dim" in res[1] and "rank 1" in res[0], res
+
+
+@pytest.mark.parametrize("world,absent", [(2, 1), (3, 0)])
+def test_missing_peer_raises_timeout(pools, world, absent):
+    cfg = _config(world, "direct")
+    cfg.pop("timeout_s")
+    res = pools(world).run(fns.missing_peer, cfg, absent, 2.0)
+    assert res[absent] == {"absent": True}
+    for r, d in enumerate(res):
+        if r == absent:
+            continue
+        assert d["first"].startswith(f"rank={r} peer=") and d["first"].endswith("mech=output"), d
+        assert d["second"] == d["first"] and d["check"] == "PeerTimeoutError", d  # refuses further calls
+        assert 1.0 < d["dt"] < 15.0, d
+    # with W = 3 the present ranks may also miss each other's late arrival, but rank `absent` is named
+    assert any(f"peer={absent}" in d["first"] for r, d in enumerate(res) if r != absent)
+
+
+def test_create_close_cycles_leave_nothing(pools):
+    res = pools(2).run(fns.create_close_cycles, _config(2, "direct"), 15)
+    for r in res:
+        assert r["after"]["fds"] <= r["before"]["fds"], r
+        assert r["after"]["maps"] == r["before"]["maps"] == 0, r
+    assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_cuda_op_is_registered_with_a_fake_implementation():
+    """``peerdcp::output_direct`` traces under FakeTensorMode (what torch.compile needs) without CUDA."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import peerdcp.output.ops  # noqa: F401 - registers the op
+
+    with FakeTensorMode():
+        po = torch.empty(2, 4, 8, dtype=torch.bfloat16, device="cuda")
+        pl = torch.empty(2, 4, device="cuda")
+        out = torch.empty(2, 2, 8, dtype=torch.bfloat16, device="cuda")
+        ol = torch.empty(2, 2, device="cuda")
+        ep = torch.zeros(3, dtype=torch.int64, device="cuda")
+        args = ([1, 2], 0, 0, 3, 1, 8, 0, 0, 1, False, True, 1, 0, 0)
+        assert torch.ops.peerdcp.output_direct(po, pl, out, ol, ep, *args) is None
+
+
+def test_inbox_layout_is_aligned_and_disjoint():
+    from peerdcp.output.kernels import InboxLayout
+
+    for H, D, ll in [(16, 512, 8), (3, 24, 4), (32, 512, 0)]:
+        L = InboxLayout(2, 264, 512, H, D, 2, ll)
+        assert L.flag_off == 0 and L.lse_off >= 2 * 264 * 2 * 8
+        assert L.payload_off >= L.lse_off + 2 * 2 * 512 * H * 4
+        assert L.ll_off >= L.payload_off + 2 * 2 * 512 * H * D * 2
+        assert L.nbytes >= L.ll_off + 2 * 2 * ll * L.ll_row_words * 8
+        assert all(o % 256 == 0 for o in (L.lse_off, L.payload_off, L.ll_off))
+        assert (L.ll_row_words * 8) % 16 == 0  # LL rows start on 16-byte lines

@@ -1,0 +1,127 @@
+"""Output/LSE exchange on two (or more) GPUs: the CPU suite on vmm and symm memory with the CUDA kernel and
+its Triton twin, the NCCL baselines, CUDA-graph replays with changing inputs, a missing peer.
+
+Run on the 2-GPU machine:  ``python -m pytest -q tests/test_output_gpu.py``  (skipped without 2 GPUs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import rankfns_output as fns
+import torch
+
+pytestmark = pytest.mark.multigpu
+
+NCCL = "cpu:gloo,cuda:nccl"
+KIMI = dict(heads_per_rank=16, head_dim=512)
+TS = [1, 2, 7, 64, 128, 256]
+
+
+def _pool(pools):
+    return pools(2, NCCL)
+
+
+# kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),
+# "cuda_plain" (never LL), "triton" (the Triton twin)
+VARIANTS = {"cuda": ("cuda", None), "cuda_ll": ("cuda", "max"), "cuda_plain": ("cuda", 0), "triton": ("triton", None)}
+
+
+def _cfg(backend, memory="auto", kernel="auto", dtype=torch.bfloat16, lse_base="e", max_tokens=256, **geo):
+    g = dict(KIMI, **geo)
+    cfg = dict(max_tokens=max_tokens, dtype=dtype, backend=backend, lse_base=lse_base, timeout_s=30.0, **g)
+    if backend == "direct":
+        kern, ll = VARIANTS.get(kernel, (kernel, None))
+        cfg.update(memory=memory, kernel=kern)
+        if ll is not None:
+            cfg["ll_max_tokens"] = max_tokens if ll == "max" else ll
+    else:
+        cfg["device"] = "cuda"
+    return cfg
+
+
+def _ok(res):
+    for rank, rows in enumerate(res):
+        for r in rows:
+            assert r["ok"], f"rank {rank}: {r}"
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_ll", "cuda_plain", "triton"])
+def test_direct_agrees_with_reference(pools, memory, kernel):
+    """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2; 50 calls
+    back to back with new inputs and no barrier."""
+    cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate(TS)]
+    res = _pool(pools).run(fns.run_cases, _cfg("direct", memory, kernel), cases, 41)
+    _ok(res)
+    assert res[0][0]["backend"] == "direct" and res[0][0]["memory"] == memory
+    assert res[0][0]["kernel"] == VARIANTS[kernel][0]
+    res = _pool(pools).run(fns.run_cases, _cfg("direct", memory, kernel, torch.float16, 2), cases[:3], 42)
+    _ok(res)
+    many = [dict(T=(i * 37) % 64 + 1, return_lse=(i % 4 == 0)) for i in range(50)]
+    _ok(_pool(pools).run(fns.run_cases, _cfg("direct", memory, kernel), many, 43))
+
+
+def test_odd_geometry_falls_back_to_triton(pools):
+    """head_dim not a multiple of 8: kernel='auto' picks the Triton twin, which still matches."""
+    res = _pool(pools).run(fns.run_cases, _cfg("direct", "vmm", heads_per_rank=3, head_dim=20), [dict(T=5)], 44)
+    _ok(res)
+    assert res[0][0]["kernel"] == "triton"
+
+
+@pytest.mark.parametrize("backend", ["a2a", "ag_rs"])
+def test_nccl_baselines_agree(pools, backend):
+    cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate(TS)]
+    _ok(_pool(pools).run(fns.run_cases, _cfg(backend), cases, 51))
+
+
+def test_auto_prefers_vmm(pools):
+    res = _pool(pools).run(fns.run_cases, _cfg("auto"), [dict(T=3)], 52)
+    _ok(res)
+    assert res[0][0]["backend"] == "direct" and res[0][0]["memory"] in ("vmm", "symm"), res[0][0]
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_cuda_kernel_and_triton_twin_match(pools, memory):
+    res = _pool(pools).run(fns.cuda_triton_twins, memory, [1, 3, 64, 256], 61)
+    for rows in res:
+        assert rows[-1]["kernels"] == ("cuda", "triton"), rows[-1]
+        for r in rows[:-1]:
+            assert r["cuda_ok"] and r["triton_ok"], r
+            assert r["differ"] <= r["numel"] // 1000, r  # same math; only exp/log approximations may differ
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "triton"])
+def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
+    """One graph = a T=128 call (plain protocol) then a T=3 call (LL protocol for "cuda")."""
+    replays = 10_000 if kernel == "cuda" else 2_000
+    res = _pool(pools).run(
+        fns.graph_replays, _cfg("direct", memory, kernel), replays, 128, 3, timeout=900
+    )  # fmt: skip
+    for r in res:
+        assert r["kernel"] == VARIANTS[kernel][0] and r["memory"] == memory, r
+        assert r["replays"] == replays and r["mismatches"] == 0, r
+
+
+def test_graph_replays_baselines(pools):
+    for backend in ("a2a", "ag_rs"):
+        res = _pool(pools).run(fns.graph_replays, _cfg(backend), 200, 64, 2)
+        assert all(r["mismatches"] == 0 for r in res), res
+
+
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "triton"])
+def test_missing_peer_raises_timeout_on_gpu(pools, kernel):
+    cfg = _cfg("direct", "vmm", kernel, max_tokens=8)
+    cfg.pop("timeout_s")
+    res = _pool(pools).run(fns.missing_peer, cfg, 1, 2.0)
+    assert res[1] == {"absent": True}
+    assert res[0]["first"] == "rank=0 peer=1 mech=output", res
+    assert res[0]["second"] == res[0]["first"] and res[0]["check"] == "PeerTimeoutError", res
+    assert res[0]["dt"] < 15.0, res
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_create_close_cycles(pools, memory):
+    res = _pool(pools).run(fns.create_close_cycles, _cfg("direct", memory, max_tokens=16), 5)
+    for r in res:
+        assert r["after"]["fds"] <= r["before"]["fds"], r

@@ -1,0 +1,70 @@
+"""QueryGather on two GPUs (multigpu; skipped without them): vmm and symm memory, the CUDA and Triton
+direct kernels and the allgather baselines, eager and CUDA graphs with 10,000 replays.
+
+Run on the 2-GPU machine:  python -m pytest -q tests/test_query_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import rankfns_query as fns
+import torch
+
+pytestmark = pytest.mark.multigpu
+
+FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
+NCCL = "cpu:gloo,cuda:nccl"
+
+GPU_CASES = {
+    "fp8-interleaved-T1-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=1, H=32),
+    "fp8-interleaved-T256-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=256, H=32),
+    "fp8-neox-scale-T37-H16-pad64": dict(style="neox", out=FP8, scale=0.5, pad=64, T=37, H=16, pos32=True),
+    "bf16-interleaved-T64-H16-pad64": dict(style="interleaved", out=BF16, table="kimi-k2", T=64, H=16, pad=64),
+    "bf16-neox-T5-H64": dict(style="neox", out=BF16, T=5, H=64),
+    "fp8-saturation-T9-H8": dict(style="interleaved", out=FP8, scale=2.0, mag=300.0, specials=True, T=9, H=8),
+}
+
+
+@pytest.fixture(scope="module")
+def gpool(pools):
+    return pools(2, NCCL)
+
+
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_gpu_byte_identical_all_paths(gpool, memory):
+    names = list(GPU_CASES)
+    res = gpool.run(fns.gather_matrix, [GPU_CASES[n] for n in names], memory=memory, impls=("cuda", "triton"))
+    for r in res:
+        fns.check_matrix(r, names, memory, impls=("cuda", "triton"))
+
+
+@pytest.mark.parametrize("mode", ["raw", "roped", "exposed"])
+@pytest.mark.parametrize("impl", ["cuda", "triton"])
+@pytest.mark.parametrize("memory", ["vmm", "symm"])
+def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
+    res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
+    for r in res:
+        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == 10_000, r
+        assert r["impl"] == impl and r["memory"] == memory, r
+
+
+@pytest.mark.parametrize("impl", ["cuda", "triton"])
+def test_gpu_back_to_back_eager(gpool, impl):
+    for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl=impl, memory="vmm"):
+        assert r["bad"] == [] and r["impl"] == impl, r
+
+
+@pytest.mark.parametrize("impl", ["cuda", "triton"])
+def test_gpu_missing_peer_times_out(gpool, impl):
+    res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl)
+    assert res[1]["role"] == "absent"
+    r = res[0]
+    assert r["first"] == "rank=0 peer=1 mech=query" and r["again"] == r["first"], r
+    assert 1.5 < r["dt"] < 10.0, r
+
+
+def test_gpu_bad_inputs_and_auto(gpool):
+    for r in gpool.run(fns.gpu_bad_inputs):
+        assert r["good_after"], r
+        assert all(m.startswith(("ValueError", "TypeError")) for m in r["errors"].values()), r
+        assert r["meta"][:3] == ("direct", "vmm", "cuda"), r["meta"]

@@ -1,0 +1,127 @@
+"""Query reference (plain torch) and RoPE tables: the spec itself, checked against independent math."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peerdcp.query import reference as R
+from peerdcp.query import rope
+
+
+def test_yarn_parameters_match_the_models():
+    assert rope.yarn_correction_range(32, 1, 64, 1e4, 4096) == (10, 23)  # DeepSeek-V3.2
+    assert rope.yarn_correction_range(1, 1, 64, 5e4, 4096) == (19, 20)  # Kimi-K2
+    assert rope.yarn_softmax_scale(192, 40) == pytest.approx(0.135234, abs=1e-6)
+    assert rope.yarn_softmax_scale(192, 64) == pytest.approx(0.144680, abs=1e-6)
+    assert rope.PRESETS["deepseek-v3.2"].table_len == 163840
+    assert rope.PRESETS["kimi-k2"].table_len == 262144
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3.2", "kimi-k2"])
+def test_yarn_table_against_fp64_formula(preset):
+    p = rope.PRESETS[preset]
+    t = rope.cos_sin_cache(preset)
+    assert t.shape == (p.table_len, 64) and t.dtype == torch.float32 and t.is_contiguous()
+    low, high = rope.yarn_correction_range(p.beta_fast, p.beta_slow, 64, p.theta, p.original_max_pos)
+    i = torch.arange(32, dtype=torch.float64)
+    f = p.theta ** (-2 * i / 64)
+    ramp = ((i - low) / (high - low)).clamp(0, 1)
+    f2 = f / p.factor * ramp + f * (1 - ramp)
+    assert torch.allclose(f2[: low + 1], f[: low + 1]) and torch.allclose(f2[high:], f[high:] / p.factor)
+    for pos in (0, 1, 4095, 4096, 100_000, p.table_len - 1):
+        ang = pos * f2
+        want = torch.cat([ang.cos(), ang.sin()])
+        # the table is fp32 (fp32 frequencies and angles, as SGLang builds it): a few fp32 ulps of the angle
+        tol = 2e-7 * max(pos, 1) * 4 + 1e-6
+        assert (t[pos].double() - want).abs().max() <= tol, (preset, pos)
+    assert t[0, :32].eq(1).all() and t[0, 32:].eq(0).all()
+
+
+def test_plain_table_and_presets():
+    t = rope.plain_cos_sin_cache(100, 16, theta=1e4)
+    ang = 7 * (1e4 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    assert torch.allclose(t[7].double(), torch.cat([ang.cos(), ang.sin()]), atol=1e-6)
+    assert rope.cos_sin_cache("glm-5", max_pos=10).shape == (10, 64)
+    with pytest.raises(ValueError, match="unknown RoPE preset"):
+        rope.cos_sin_cache("llama")
+    with pytest.raises(ValueError, match="rope_dim"):
+        rope.plain_cos_sin_cache(10, 15)
+
+
+@pytest.mark.parametrize("style", R.ROPE_STYLES)
+def test_rope_is_a_rotation_of_the_right_pairs(style):
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 64, dtype=torch.float64)
+    ang = torch.rand(5, 1, 32, dtype=torch.float64) * 6
+    cs = torch.cat([ang.cos(), ang.sin()], dim=-1)
+    y = R.apply_rope(x, cs, style, dtype=torch.float64)
+    if style == "interleaved":
+        z = torch.view_as_complex(x.reshape(5, 3, 32, 2).contiguous())
+        want = torch.view_as_real(z * torch.polar(torch.ones_like(ang), ang)).reshape(5, 3, 64)
+    else:
+        z = torch.complex(x[..., :32], x[..., 32:]) * torch.polar(torch.ones_like(ang), ang)
+        want = torch.cat([z.real, z.imag], dim=-1)
+    assert torch.allclose(y, want, atol=1e-12)
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))  # a rotation keeps the norm
+    with pytest.raises(ValueError, match="rope style"):
+        R.apply_rope(x, cs, "gptj")
+
+
+def test_fp8_saturates_and_rounds_to_nearest_even():
+    x = torch.tensor([448.0, 460.0, 464.0, 1e6, float("inf"), -float("inf"), -500.0, 0.0, -0.0, float("nan")])
+    y = R.quantize_fp8(x).float()
+    assert y[:7].tolist() == [448.0, 448.0, 448.0, 448.0, 448.0, -448.0, -448.0]
+    assert y[9].isnan() and not y[:9].isnan().any()
+    # every midpoint between adjacent e4m3 values rounds to the one with an even code
+    codes = torch.arange(0, 126, dtype=torch.uint8)
+    v = codes.view(torch.float8_e4m3fn).float()
+    mid = (v + torch.arange(1, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()) / 2
+    got = R.quantize_fp8(mid).view(torch.uint8)
+    assert (got % 2 == 0).all()
+    assert R.quantize_fp8(torch.tensor([300.0]), 2.0).float().item() == 448.0
+    assert R.convert_out(torch.tensor([1.0]), torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="FP8 output only"):
+        R.convert_out(torch.tensor([1.0]), torch.bfloat16, 2.0)
+    with pytest.raises(TypeError, match="out_dtype"):
+        R.convert_out(torch.tensor([1.0]), torch.float16)
+
+
+def _steps(a, b):
+    def ordered(x):
+        if x.dtype == torch.float8_e4m3fn:
+            u = x.view(torch.uint8).to(torch.int32)
+            return torch.where(u & 0x80 != 0, -(u & 0x7F), u & 0x7F)
+        u = x.view(torch.int16).to(torch.int32) & 0xFFFF
+        return torch.where(u & 0x8000 != 0, -(u & 0x7FFF), u & 0x7FFF)
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+@pytest.mark.parametrize(
+    "out_dtype,scale", [(torch.float8_e4m3fn, 1.0), (torch.float8_e4m3fn, 0.37), (torch.bfloat16, 1.0)]
+)
+@pytest.mark.parametrize("style", R.ROPE_STYLES)
+def test_widened_layout_and_fp32_within_one_step_of_fp64(style, out_dtype, scale):
+    torch.manual_seed(1)
+    W, T, H = 3, 7, 4
+    cs = rope.cos_sin_cache("deepseek-v3.2")
+    nopes = [torch.randn(T, H, 512).bfloat16() * 4 for _ in range(W)]
+    pes = [torch.randn(T, H, 64).bfloat16() * 4 for _ in range(W)]
+    pos = torch.randint(0, cs.shape[0], (T,))
+    kw = dict(rope_style=style, out_dtype=out_dtype, quant_scale=scale, pad_heads_to=64)
+    q32 = R.widened_query(nopes, pes, pos, cs, **kw)
+    q64 = R.widened_query(nopes, pes, pos, cs, compute_dtype=torch.float64, **kw)
+    assert q32.shape == (T, 64, 576) and q32.dtype == out_dtype
+    assert q32[:, W * H :].float().eq(0).all()
+    # rank-major widened heads, nope first (the nope part is just converted)
+    for s in range(W):
+        want = R.convert_out(nopes[s].float(), out_dtype, scale)
+        assert torch.equal(q32[:, s * H : (s + 1) * H, :512].float(), want.float())
+        roped = R.apply_rope(pes[s], cs[pos].unsqueeze(1), style)
+        assert torch.equal(q32[:, s * H : (s + 1) * H, 512:].float(), R.convert_out(roped, out_dtype, scale).float())
+    d = _steps(q32, q64)
+    assert int(d.max()) <= 1 and float((d == 0).float().mean()) >= 0.999
+    k = R.rope_quantize_kv(nopes[0][:, 0], pes[0][:, 0], pos, cs, rope_style=style, out_dtype=out_dtype)
+    k_ref = R.widened_query([nopes[0][:, :1]], [pes[0][:, :1]], pos, cs, rope_style=style, out_dtype=out_dtype)
+    assert k.shape == (T, 576) and torch.equal(k.float(), k_ref[:, 0].float())

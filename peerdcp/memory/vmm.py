@@ -177,7 +177,7 @@ def allocate_vmm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuff
             )
             os.close(f)
             del fds_in[r]
-        va = check(cu.cuMemAddressReserve(W * stride, stride, 0, 0), "cuMemAddressReserve")
+        va = check(cu.cuMemAddressReserve(W * stride, gran, 0, 0), "cuMemAddressReserve")  # alignment: granularity
         for r in range(W):
             check(cu.cuMemMap(cu.CUdeviceptr(int(va) + r * stride), stride, 0, handles[r], 0), "cuMemMap")
             mapped.append(r)

@@ -45,7 +45,7 @@ EXCHANGES = ("auto", "raw", "roped")
 OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 # exchange="auto": T <= this moves the raw bf16 shard (the producer only copies before it signals: shortest
 # latency); larger T moves rows the producer already rotated and converted (FP8: half the NVLink bytes).
-AUTO_RAW_MAX_TOKENS = 4
+AUTO_RAW_MAX_TOKENS = 1 << 30  # roped exchange was not byte-identical on H200 (bench, 2026-11-29): raw always
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 

@@ -1,0 +1,408 @@
+"""The index-K cache (SGLang's page layout, owner-sharded or replicated) and the FP8 indexer scoring.
+
+Layout of one page (``page_size`` P = 64 tokens, ``head_dim`` D = 128): ``P*D`` FP8 e4m3 bytes, token-major
+(token ``o`` at byte ``o*D``), then ``P`` fp32 scales (token ``o`` at byte ``P*D + 4*o``): 8448 bytes, exactly
+SGLang's ``DSATokenToKVPool`` page, so DeepGEMM-style paged kernels read it as ``[pages, 64, 1, 132]``
+(:meth:`IndexKCache.deepgemm_view`).
+
+**Addressing.** Tokens are written by *logical slot*. A sequence occupies the logical slots
+``start .. start + L - 1`` (token ``g`` of the sequence at slot ``start + g``), where ``start`` is a multiple of
+:attr:`IndexKCache.seq_align` (``W * lcm(interleave, page_size)`` owner-sharded, ``page_size`` replicated).
+With that alignment the owner of slot ``start + g`` is the owner of token ``g`` (DESIGN.md section 3), its
+local row is ``local_row(start) + local_row(g)``, and each rank's rows of the sequence fill whole local
+pages starting at page ``local_row(start) // P``. :func:`indexer_logits` reads each query row's pages
+through a DeepGEMM-style ``block_table [T, pages] int32`` (local physical page of the row's j-th local
+page; :meth:`IndexKCache.block_table` builds it from ``start``), or, without a table, every row reads the
+sequence at ``start = 0`` (one sequence, 1 or more query rows: decode + MTP). Rows of the same sequence
+may have different ``seq_lens``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
+
+import torch
+import triton
+
+from .._dist import all_gather_object, resolve_group
+from . import reference as ref
+from .kernels import _logits_kernel, _write_kernel
+
+__all__ = ["IndexKCache", "indexer_logits", "LAYOUTS"]
+
+LAYOUTS = ("owner_sharded", "replicated")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _resolve_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if _is_int(device):
+        return torch.device("cuda", device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"IndexKCache: device must be a CUDA device or cpu, got {dev}")
+    return dev
+
+
+class IndexKCache:
+    """FP8 index keys of the lightning indexer, in SGLang's page layout, on this rank.
+
+    Args:
+        group: the DCP ``ProcessGroup`` (None = default group). Construction is collective: every rank
+            must pass the same geometry (else ``ValueError`` on every rank).
+        capacity_tokens: logical token slots over the whole group, rounded up to a multiple of
+            :attr:`seq_align`. Owner-sharded, each rank stores ``capacity_tokens / W`` of them.
+        head_dim: bytes per key (FP8 elements), a power of two >= 32 (128 for DeepSeek-V3.2 / GLM-5).
+        page_size: tokens per page, a power of two >= 16 (SGLang/DeepGEMM: 64).
+        layout: ``"owner_sharded"`` (rank r keeps the tokens it owns at their local rows) or
+            ``"replicated"`` (every rank keeps every token, row = slot).
+        interleave: ownership interleave I (must equal the ``TopK``'s).
+        device: CUDA device (default: current) or ``"cpu"``.
+
+    Attributes: ``rank``, ``world_size``, ``layout``, ``capacity_tokens``, ``local_capacity`` (physical
+    tokens per rank), ``num_pages``, ``page_bytes``, ``nbytes`` (bytes per rank), ``seq_align``,
+    ``storage`` (``uint8 [num_pages, page_bytes]``), ``backend`` (= layout), ``memory`` (``"device"``: plain
+    local memory, nothing is peer-mapped), ``reason``.
+    """
+
+    def __init__(
+        self,
+        group=None,
+        *,
+        capacity_tokens: int,
+        head_dim: int = 128,
+        page_size: int = 64,
+        layout: str = "owner_sharded",
+        interleave: int = 1,
+        device: torch.device | str | int | None = None,
+    ) -> None:
+        for name, v in (("capacity_tokens", capacity_tokens), ("head_dim", head_dim), ("page_size", page_size)):
+            if not _is_int(v):
+                raise TypeError(f"IndexKCache: {name} must be an int, got {type(v).__name__}")
+        if not _is_int(interleave):
+            raise TypeError(f"IndexKCache: interleave must be an int, got {type(interleave).__name__}")
+        if capacity_tokens <= 0:
+            raise ValueError(f"IndexKCache: capacity_tokens must be positive, got {capacity_tokens}")
+        if head_dim < 32 or head_dim & (head_dim - 1):
+            raise ValueError(f"IndexKCache: head_dim must be a power of two >= 32, got {head_dim}")
+        if page_size < 16 or page_size & (page_size - 1):
+            raise ValueError(f"IndexKCache: page_size must be a power of two >= 16, got {page_size}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"IndexKCache: layout must be one of {LAYOUTS}, got {layout!r}")
+        if interleave < 1:
+            raise ValueError(f"IndexKCache: interleave must be >= 1, got {interleave}")
+        dev = _resolve_device(device)
+        info = resolve_group(group)
+        geo = (capacity_tokens, head_dim, page_size, layout, interleave, dev.type)
+        geos = all_gather_object(info, geo)
+        if len(set(geos)) != 1:
+            raise ValueError(
+                "IndexKCache: ranks passed different geometry (capacity_tokens, head_dim, page_size, layout, "
+                f"interleave, device type): {geos}"
+            )
+        W = info.world_size
+        self._info = info
+        self.rank, self.world_size = info.rank, W
+        self.layout, self.interleave = layout, interleave
+        self.head_dim, self.page_size = head_dim, page_size
+        self.device = dev
+        self.sharded = layout == "owner_sharded"
+        self.seq_align = W * math.lcm(interleave, page_size) if self.sharded else page_size
+        self.capacity_tokens = -(-capacity_tokens // self.seq_align) * self.seq_align
+        self.local_capacity = self.capacity_tokens // W if self.sharded else self.capacity_tokens
+        self.num_pages = self.local_capacity // page_size
+        self.page_bytes = page_size * head_dim + 4 * page_size
+        self.nbytes = self.num_pages * self.page_bytes
+        self.storage: torch.Tensor | None = torch.zeros(self.num_pages, self.page_bytes, dtype=torch.uint8, device=dev)
+        self.backend = layout
+        self.memory = "device"
+        self.reason = (
+            f"{layout}: rank {self.rank} stores {self.local_capacity} of {self.capacity_tokens} logical tokens "
+            f"({self.num_pages} pages of {self.page_bytes} B); no peer mapping (each rank scores only its pages)"
+        )
+
+    # ------------------------------------------------------------------------------------- helpers
+    def _alive(self) -> torch.Tensor:
+        if self.storage is None:
+            raise ValueError("IndexKCache is closed")
+        return self.storage
+
+    def capacity_report(self) -> dict:
+        """Physical tokens and bytes per rank vs a replicated cache of the same logical capacity."""
+        rep_bytes = (self.capacity_tokens // self.page_size) * self.page_bytes
+        return {
+            "layout": self.layout,
+            "world_size": self.world_size,
+            "interleave": self.interleave,
+            "logical_tokens": self.capacity_tokens,
+            "physical_tokens_per_rank": self.local_capacity,
+            "page_bytes": self.page_bytes,
+            "bytes_per_rank": self.nbytes,
+            "replicated_bytes_per_rank": rep_bytes,
+            "bytes_saved_per_rank": rep_bytes - self.nbytes,
+            "fraction_of_replicated": self.nbytes / rep_bytes,
+        }
+
+    def deepgemm_view(self) -> torch.Tensor:
+        """``uint8 [num_pages, page_size, 1, head_dim + 4]``: the shape DeepGEMM's paged MQA logits take
+        (a shape only: the scales sit at ``page_base + page_size*head_dim``, as in SGLang)."""
+        return self._alive().view(self.num_pages, self.page_size, 1, self.head_dim + 4)
+
+    def local_rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(owned [N] bool, row [N] int64)``: whether this rank stores each logical slot, and where."""
+        s = slots.to(torch.int64)
+        if self.sharded:
+            W, I = self.world_size, self.interleave
+            own = (ref.owner(s, W, I) == self.rank) & (s >= 0) & (s < self.capacity_tokens)
+            return own, torch.where(own, ref.local_row(s, W, I), 0)
+        own = (s >= 0) & (s < self.capacity_tokens)
+        return own, torch.where(own, s, 0)
+
+    def block_table(self, seq_starts: torch.Tensor, num_pages: int) -> torch.Tensor:
+        """``int32 [B, num_pages]``: local pages of sequences starting at logical slots ``seq_starts [B]``
+        (multiples of :attr:`seq_align`), for :func:`indexer_logits`. Pages past the cache are clamped."""
+        if not isinstance(seq_starts, torch.Tensor) or seq_starts.dim() != 1:
+            raise ValueError("IndexKCache.block_table: seq_starts must be a 1-D integer tensor [B]")
+        start = seq_starts.to(torch.int64)
+        first = (start // self.world_size if self.sharded else start) // self.page_size
+        pages = first[:, None] + torch.arange(num_pages, device=start.device)[None, :]
+        return pages.clamp(max=self.num_pages - 1).to(torch.int32)
+
+    # -------------------------------------------------------------------------------- write / read
+    def write(self, slots: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.Tensor) -> None:
+        """Store keys by logical slot; owner-sharded keeps only this rank's tokens (at their local rows).
+
+        Args:
+            slots: ``[N]`` int32/int64 logical slots (sequence start + position); slots outside
+                ``[0, capacity_tokens)`` are skipped (SGLang pads with -1).
+            k_fp8: ``[N, head_dim]`` float8_e4m3fn, rows contiguous.
+            k_scale: ``[N]`` or ``[N, 1]`` fp32 per-token scales.
+        """
+        store = self._alive()
+        D = self.head_dim
+        if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
+            raise TypeError("IndexKCache.write: slots must be a 1-D int32/int64 tensor [N]")
+        N = slots.shape[0]
+        if not isinstance(k_fp8, torch.Tensor) or k_fp8.dtype != torch.float8_e4m3fn:
+            raise TypeError("IndexKCache.write: k_fp8 must be a float8_e4m3fn tensor [N, head_dim]")
+        if tuple(k_fp8.shape) != (N, D) or (N > 0 and k_fp8.stride() != (D, 1)):
+            raise ValueError(f"IndexKCache.write: k_fp8 must be contiguous [{N}, {D}], got {tuple(k_fp8.shape)}")
+        if not isinstance(k_scale, torch.Tensor) or k_scale.dtype != torch.float32:
+            raise TypeError("IndexKCache.write: k_scale must be an fp32 tensor [N] or [N, 1]")
+        if k_scale.numel() != N or k_scale.shape[0] != N:
+            raise ValueError(f"IndexKCache.write: k_scale must be [{N}] or [{N}, 1], got {tuple(k_scale.shape)}")
+        for name, x in (("slots", slots), ("k_fp8", k_fp8), ("k_scale", k_scale)):
+            if x.device != self.device:
+                raise ValueError(f"IndexKCache.write: {name} is on {x.device}, the cache on {self.device}")
+        if N == 0:
+            return
+        k_scale = k_scale.reshape(N).contiguous()
+        slots = slots.contiguous()
+        BLOCK_N = 16 if self.device.type == "cuda" else 1024
+        _write_kernel[(triton.cdiv(N, BLOCK_N),)](
+            slots,
+            k_fp8.view(torch.uint8),
+            k_scale,
+            store.view(-1),
+            store.view(-1).view(torch.float32),
+            N,
+            self.rank,
+            self.world_size,
+            self.interleave,
+            self.capacity_tokens,
+            SHARDED=self.sharded,
+            PAGE=self.page_size,
+            PAGE_BYTES=self.page_bytes,
+            D=D,
+            BLOCK_N=BLOCK_N,
+        )
+
+    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Test helper (plain torch): ``(k_fp8 [N, D], k_scale [N], owned [N] bool)`` for logical slots;
+        rows this rank does not store read as zeros / NaN."""
+        store = self._alive()
+        P, D = self.page_size, self.head_dim
+        own, row = self.local_rows(slots.to(self.device))
+        page, off = row // P, row % P
+        data = store[:, : P * D].reshape(self.num_pages, P, D)[page, off]
+        scales = store[:, P * D :].contiguous().view(torch.float32)[page, off]
+        data = torch.where(own[:, None], data, torch.zeros_like(data)).view(torch.float8_e4m3fn)
+        scales = torch.where(own, scales, torch.full_like(scales, float("nan")))
+        return data, scales, own
+
+    # ------------------------------------------------------------------------------------- lifetime
+    def check(self) -> None:
+        """Nothing here waits on a peer; raises ValueError only if the cache is closed."""
+        self._alive()
+
+    def close(self) -> None:
+        """Idempotent; frees the pages (no peer mapping, so no collective step is needed)."""
+        self.storage = None
+
+    def __enter__(self) -> IndexKCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexKCache(layout={self.layout!r}, rank={self.rank}/{self.world_size}, interleave={self.interleave}, "
+            f"capacity_tokens={self.capacity_tokens}, pages={self.num_pages}x{self.page_bytes}B, device={self.device})"
+        )
+
+
+# ----------------------------------------------------------------------------------------- scoring
+_UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed to compile there
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def indexer_logits(
+    q_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    cache: IndexKCache,
+    seq_lens: torch.Tensor,
+    *,
+    block_table: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """Lightning-indexer scores of each query row against this rank's tokens of its sequence.
+
+    ``logits[t, l] = k_scale[l] * sum_h ReLU(q_fp8[t, h] . k_fp8[l]) * weights[t, h]`` (fp32, FP8 x FP8 dot
+    with fp32 accumulation) for local rows ``l`` below the row's local length; ``-inf`` from there on.
+    With an owner-sharded cache local row ``l`` is global token ``global_id(l, rank)``; replicated, ``l = g``.
+
+    Args:
+        q_fp8: ``[T, H, D]`` float8_e4m3fn (``D = cache.head_dim``; each row ``[H, D]`` contiguous).
+        weights: ``[T, H]`` fp32 head weights (query scales and ``H^-0.5 * D^-0.5`` folded in).
+        cache: the :class:`IndexKCache`.
+        seq_lens: ``[T]`` int32/int64 **global** sequence lengths (tokens ``0 .. L-1`` are attended).
+        block_table: optional ``[T, pages]`` int32 local pages per row (see :meth:`IndexKCache.block_table`);
+            None: every row reads the sequence at logical slot 0.
+        max_seq_len: the largest ``seq_lens`` entry (host int). Sets ``L_local_max`` without a device
+            sync; needed under CUDA-graph capture unless ``block_table`` is given.
+
+    Returns:
+        ``[T, L_local_max]`` fp32 with ``L_local_max = local_length(max_seq_len, rank 0)`` (the largest over
+        ranks), or ``pages * page_size`` from ``block_table`` when ``max_seq_len`` is None.
+    """
+    store = cache._alive()
+    dev = cache.device
+    if not isinstance(q_fp8, torch.Tensor) or q_fp8.dtype != torch.float8_e4m3fn or q_fp8.dim() != 3:
+        raise TypeError("indexer_logits: q_fp8 must be a float8_e4m3fn tensor [T, H, D]")
+    T, H, D = q_fp8.shape
+    if cache.head_dim != D:
+        raise ValueError(f"indexer_logits: q_fp8 head dim must equal cache.head_dim = {cache.head_dim}, got {D}")
+    if H < 1 or H > 256:
+        raise ValueError(f"indexer_logits: q_fp8 must have 1 to 256 heads, got {H}")
+    if q_fp8.stride(2) != 1 or q_fp8.stride(1) != D:
+        raise ValueError("indexer_logits: q_fp8 rows [H, D] must be contiguous")
+    if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32:
+        raise TypeError("indexer_logits: weights must be an fp32 tensor [T, H]")
+    if tuple(weights.shape) != (T, H) or weights.stride(1) != 1:
+        raise ValueError(f"indexer_logits: weights must be [{T}, {H}] with contiguous rows, got {tuple(weights.shape)}")
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError("indexer_logits: seq_lens must be an int32/int64 tensor [T]")
+    if tuple(seq_lens.shape) != (T,):
+        raise ValueError(f"indexer_logits: seq_lens must be [{T}], got {tuple(seq_lens.shape)}")
+    if block_table is not None:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise TypeError("indexer_logits: block_table must be an int32 tensor [T, pages]")
+        if block_table.dim() != 2 or block_table.shape[0] != T or block_table.stride(1) != 1:
+            raise ValueError(f"indexer_logits: block_table must be [{T}, pages] with contiguous rows")
+    for name, x in (("q_fp8", q_fp8), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table)):
+        if x is not None and x.device != dev:
+            raise ValueError(f"indexer_logits: {name} is on {x.device}, the cache on {dev}")
+    W, I = cache.world_size, cache.interleave
+    if max_seq_len is None and block_table is None:
+        max_seq_len = int(seq_lens.max()) if T else 0  # device sync: pass max_seq_len to avoid it
+    if max_seq_len is not None:
+        if not _is_int(max_seq_len) or max_seq_len < 0:
+            raise ValueError(f"indexer_logits: max_seq_len must be a non-negative int, got {max_seq_len!r}")
+        Lmax = ref.local_length(max_seq_len, 0, W, I) if cache.sharded else max_seq_len
+        if block_table is None and Lmax > cache.local_capacity:
+            raise ValueError(
+                f"indexer_logits: max_seq_len {max_seq_len} needs {Lmax} local rows, the cache holds "
+                f"{cache.local_capacity} per rank"
+            )
+    else:
+        Lmax = block_table.shape[1] * cache.page_size
+    out = torch.empty(T, Lmax, dtype=torch.float32, device=dev)
+    if T == 0 or Lmax == 0:
+        return out
+    P = cache.page_size
+    pages = triton.cdiv(Lmax, P)
+    if dev.type == "cuda":
+        # pages per program: 1, 4 or 16 (few compiled variants), keeping >= 4 programs per SM
+        sms = _num_sms(dev.index)
+        npage = 1
+        while npage < 16 and T * pages // (npage * 4) >= 4 * sms:
+            npage *= 4
+    else:
+        npage = pages  # the interpreter pays per program, not per element
+    table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
+    grid = (T, triton.cdiv(pages, npage))
+    # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
+    # FP8 dot as one warpgroup MMA (m64) for GLM-5's 32 heads too
+    block_h = max(64 if dev.type == "cuda" else 16, triton.next_power_of_2(H))
+
+    def launch(dot: int) -> None:
+        _logits_kernel[grid](
+            q_fp8,
+            q_fp8.stride(0),
+            weights,
+            weights.stride(0),
+            seq_lens,
+            table,
+            table.stride(0) if block_table is not None else 0,
+            store.view(-1).view(torch.float8_e4m3fn),
+            store.view(-1).view(torch.float32),
+            out,
+            out.stride(0),
+            Lmax,
+            H,
+            cache.num_pages,
+            cache.rank,
+            W,
+            I,
+            NPAGE=npage,
+            PAGE=P,
+            PAGE_BYTES=cache.page_bytes,
+            D=D,
+            BLOCK_H=block_h,
+            HAS_TABLE=block_table is not None,
+            SHARDED=cache.sharded,
+            DOT=dot,
+            num_warps=4,
+        )
+
+    key = (dev.index if dev.type == "cuda" else -1, block_h)
+    if os.environ.get("PEERDCP_INDEXER_UPCAST") == "1":  # force the fp16 path (tests, diagnosis)
+        launch(1)
+    elif dev.type != "cuda":
+        launch(2)  # interpreter: exact fp64 head dots
+    elif key in _UPCAST:
+        launch(1 if _UPCAST[key] else 0)
+    else:
+        try:  # first use of this variant on this GPU: FP8 x FP8 tl.dot, else the exact fp16 fallback
+            launch(0)
+            _UPCAST[key] = False
+        except Exception as e:  # noqa: BLE001 - a compiler refusal; the fallback is exact
+            msg = f"indexer_logits: FP8 tl.dot failed to compile ({e!s:.200}); using the fp16 path"
+            warnings.warn(msg, stacklevel=2)
+            _UPCAST[key] = True
+            launch(1)
+    return out

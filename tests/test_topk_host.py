@@ -1,0 +1,207 @@
+"""Indexer / Top-K on CPU: real rank processes over host memory, the Triton kernels in the interpreter.
+
+Covers: exact canonical selection (set and order) under heavy ties, NaN, +-0, +-inf, forced tokens and
+sequence lengths 0, 1, < k, = k, >> k; direct == allgather == reference on every rank and on repeated
+runs; owned() partitions each selection; T > max_rows falls back to allgather; 50 back-to-back calls
+without a barrier; bad input; a missing peer; leaks; the index-K cache round trip and capacity; the
+scoring kernel against the fp64 reference; the whole sharded pipeline against the replicated one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import rankfns_topk as fns
+import torch
+
+from peerdcp.topk import reference as ref
+
+LENS = {16: [0, 1, 13, 16, 17, 320, 37], 64: [64, 0, 1, 63, 1500, 65]}
+
+
+def _check_exactness(res: list[list[dict]], world: int) -> None:
+    for rank_res in res:
+        for case in rank_res:
+            info = {k: v for k, v in case.items() if not k.endswith("_rows")}
+            assert case["direct"] and case["allgather"], info
+            assert case["direct_owned"] and case["allgather_owned"], info
+    # identical on every rank, for both backends
+    for i in range(len(res[0])):
+        digests = {res[r][i][b + "_digest"] for r in range(world) for b in ("direct", "allgather")}
+        assert digests == {res[0][i]["expect_digest"]}, (i, digests)
+
+
+def _check_partition(res: list[list[dict]], world: int, lens: list[int]) -> None:
+    """Every selected token appears in exactly one rank's owned() list, at its local row, in order."""
+    for i, case in enumerate(res[0]):
+        I = case["I"]
+        for t, L in enumerate(lens):
+            for b in ("direct", "allgather"):
+                per_rank = [res[r][i][b + "_owned_rows"][t] for r in range(world)]
+                back = [[int(ref.global_id(l, r, world, I)) for l in rows if l >= 0] for r, rows in enumerate(per_rank)]
+                union = sorted(g for gs in back for g in gs)
+                assert len(union) == len(set(union)), (i, t, b)
+                assert all(g < L for g in union), (i, t, b)
+                n_sel = min(L, case["K"])
+                assert len(union) == n_sel, (i, t, b, len(union), n_sel)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_exact_selection_small_k(pools, world):
+    res = pools(world).run(fns.exactness, 16, (1, 64), LENS[16], 100 + world)
+    _check_exactness(res, world)
+    _check_partition(res, world, LENS[16])
+
+
+def test_exact_selection_k64_w3(pools):
+    res = pools(3).run(fns.exactness, 64, (1, 64), LENS[64], 7)
+    _check_exactness(res, 3)
+    _check_partition(res, 3, LENS[64])
+
+
+def test_exact_selection_default_k2048(pools):
+    lens = [5003]
+    res = pools(2).run(fns.exactness, 2048, (1,), lens, 11)
+    _check_exactness(res, 2)
+    _check_partition(res, 2, lens)
+
+
+def test_rows_beyond_max_rows_use_allgather(pools):
+    res = pools(2).run(fns.auto_fallback_rows, 16, 5)
+    for r in res:
+        assert r == {"backend": "direct", "T1": True, "T2": True, "T5": True}, r
+
+
+@pytest.mark.parametrize("world,interleave", [(2, 1), (3, 64)])
+def test_fifty_back_to_back_without_barrier(pools, world, interleave):
+    res = pools(world).run(fns.back_to_back, 50, 16, interleave, 3, 9 + world)
+    for r in res:
+        assert all(r["ok"]), [i for i, x in enumerate(r["ok"]) if not x]
+        assert r["digests"] == res[0]["digests"]
+
+
+def test_bad_input_raises_before_launch(pools):
+    res = pools(2).run(fns.bad_inputs)
+    for r in res:
+        assert r["errors"] == (
+            ["ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
+            + ["ValueError"]
+            + ["TypeError", "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError"]
+            + ["TypeError", "ValueError", "TypeError", "ValueError", "ValueError"]
+        ), r["errors"]
+        assert r["good_after"] is True
+        assert r["closed"] == ["ValueError"]
+
+
+def test_cache_bad_input(pools):
+    res = pools(2).run(fns.bad_cache_inputs)
+    for r in res:
+        assert r == (
+            ["ValueError", "ValueError", "ValueError", "ValueError", "ValueError", "TypeError", "ValueError"]
+            + ["TypeError", "TypeError", "ValueError", "TypeError", "ValueError"]
+            + ["TypeError", "ValueError", "ValueError", "TypeError", "ValueError", "TypeError", "ValueError"]
+            + ["TypeError", "ok (2, 5)", "ValueError"]
+        ), r
+
+
+def test_missing_peer_raises_timeout(pools):
+    res = pools(2).run(fns.missing_peer, 1, 1.5)
+    assert res[1] == "absent"
+    first, again, check = res[0].split(" | ")
+    assert first.startswith("timeout rank=0 peer=1 mech=topk"), res[0]
+    assert 0.3 < float(first.split("dt=")[1]) < 10.0, res[0]
+    assert (again, check) == ("refused", "refused"), res[0]
+
+
+def test_create_close_leaves_nothing(pools):
+    """No fd and no shared-memory mapping survives 20 TopK + IndexKCache lifetimes (per process: other
+    processes on the host may hold segments of their own)."""
+    res = pools(2).run(fns.create_close_cycles, 20)
+    for r in res:
+        assert r["after"]["fds"] <= r["before"]["fds"], r
+        assert r["after"]["maps"] == r["before"]["maps"] == 0, r
+
+
+@pytest.mark.parametrize("world,interleave", [(2, 1), (3, 64)])
+@pytest.mark.parametrize("layout", ["owner_sharded", "replicated"])
+def test_cache_write_read_roundtrip(pools, world, interleave, layout):
+    res = pools(world).run(fns.cache_roundtrip, interleave, layout)
+    owned = [r["owned"] for r in res]
+    n = len(owned[0])
+    for r in res:
+        assert r["data"] and r["scales"], r
+        assert r["stored"] == sum(r["owned"]), r  # nothing but the owned tokens was written
+        assert r["page_bytes"] == 16 * 32 + 16 * 4
+    if layout == "owner_sharded":
+        assert all(sum(o[i] for o in owned) == 1 for i in range(n))  # exactly one owner per token
+        rep = res[0]["report"]
+        assert rep["bytes_per_rank"] * world == rep["replicated_bytes_per_rank"]
+        assert rep["physical_tokens_per_rank"] * world == rep["logical_tokens"]
+        assert rep["bytes_saved_per_rank"] == rep["replicated_bytes_per_rank"] - rep["bytes_per_rank"]
+    else:
+        assert all(all(o) for o in owned)
+        assert res[0]["report"]["fraction_of_replicated"] == 1.0
+
+
+def test_default_page_geometry(pools):
+    res = pools(2).run(fns.pipeline, 16, 128, 64, 1, 3)
+    for r in res:
+        assert r["bytes"] == (8 * 8448, 16 * 8448)  # 1/W of replicated, SGLang's 8448 B pages
+        assert r["fraction"] == 0.5
+
+
+@pytest.mark.parametrize("world,interleave,upcast", [(2, 1, False), (3, 64, False), (2, 64, True)])
+def test_scoring_kernel_against_reference(pools, world, interleave, upcast):
+    res = pools(world).run(fns.scoring, 16, 64, 64, interleave, 21, upcast=upcast)
+    for r in res:
+        for lay in ("owner_sharded", "replicated"):
+            assert r[lay]["values"] and r[lay]["mask"], r
+        if not upcast:  # the interpreter's exact fp64 dot is position-independent; its fp32 BLAS is not
+            assert r["bitwise_vs_replicated"] and r["no_table"], r
+
+
+@pytest.mark.parametrize("world,interleave", [(2, 64), (4, 1)])
+def test_sharded_pipeline_selects_what_replicated_selects(pools, world, interleave):
+    res = pools(world).run(fns.pipeline, 16, 64, 32, interleave, 5)
+    for r in res:
+        assert r["equal_baseline"] and r["equal_reference"], r
+    assert len({r["digest"] for r in res}) == 1
+
+
+def test_reference_ownership_and_quantization():
+    for W in (1, 2, 3, 4, 8):
+        for I in (1, 3, 64):
+            g = torch.arange(5 * W * I + 7)
+            o, l = ref.owner(g, W, I), ref.local_row(g, W, I)
+            for r in range(W):
+                mine = g[o == r]
+                assert torch.equal(ref.global_id(l[o == r], r, W, I), mine)
+                assert torch.equal(l[o == r], torch.arange(mine.numel()))  # dense local rows
+                for L in (0, 1, I, W * I + 1, g.numel()):
+                    assert ref.local_length(L, r, W, I) == int((mine < L).sum())
+    k = torch.randn(64, 128) * torch.logspace(-6, 4, 64)[:, None]
+    k[0] = 0.0
+    k[1, 0] = 448.0 * 2.0**-3  # amax / 448 exactly a power of two: no rounding up
+    k[2, 0] = 448.0 * 2.0**-3 * (1 + 2.0**-20)
+    q, s = ref.quantize_k(k)
+    amax = k.abs().amax(1).clamp_min(1e-4)
+    e = torch.tensor([__import__("math").ceil(__import__("math").log2(float(a) / 448.0)) for a in amax.double()])
+    assert torch.equal(s.double().log2(), e.double())  # powers of two with the exact exponent
+    assert float(s[1]) == 2.0**-3 and float(s[2]) == 2.0**-2
+    assert bool((q.float().abs() <= 448).all())
+    err = (q.float() * s[:, None] - k).abs()
+    assert bool((err <= s[:, None] * 16 + 1e-30).all())  # e4m3 half-ulp at most 16 below 448
+
+
+def test_reference_canonical_order_and_keys():
+    s = torch.tensor([1.0, float("nan"), -0.0, 0.0, 2.0, float("-inf"), 2.0, float("inf"), -1.0, 0.0])
+    order = ref.canonical_order(s, torch.arange(s.numel()))
+    assert order == [7, 4, 6, 0, 2, 3, 9, 8, 5, 1]
+    keys = ref.pack_keys(s, torch.arange(s.numel()))
+    assert torch.argsort(keys, descending=True).tolist() == order
+    assert bool((keys >= 1).all())
+    g = torch.Generator().manual_seed(0)
+    x = fns.tie_logits(1, 3000, 1)[0]
+    ids = torch.randperm(3000, generator=g)
+    assert torch.argsort(ref.pack_keys(x, ids), descending=True).tolist() == [
+        ids.tolist().index(i) for i in ref.canonical_order(x, ids)
+    ]

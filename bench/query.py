@@ -174,7 +174,12 @@ def _best_direct(rows: list[dict], H: int, out: str, T: int, mode: str) -> dict 
     cands = [
         r
         for r in rows
-        if r["H"] == H and r["out"] == out and r["T"] == T and r["mode"] == mode and r["variant"].startswith("direct")
+        if r["H"] == H
+        and r["out"] == out
+        and r["T"] == T
+        and r["mode"] == mode
+        and r["variant"].startswith("direct")
+        and r["ok"] is True  # a variant whose bytes differ from allgather(fused) cannot be the best
     ]
     return min(cands, key=lambda r: r["us"]) if cands else None
 

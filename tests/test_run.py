@@ -59,3 +59,15 @@ def test_run_fails_loudly_when_a_mechanism_is_broken(tmp_path, geometry, fault):
         assert any(c["topk_equal"] is False for c in rep["check"])
     if fault == "corrupt-query":
         assert any(not c["query_ok"] for c in rep["check"])
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_run_dcp4_and_dcp8_on_cpu_processes(tmp_path, world):
+    """DCP4/DCP8 on CPU processes over host memory (the GPU kinds with 4/8 GPUs are not lent yet):
+    all three mechanisms on the direct path, parity with the unsharded step on every rank."""
+    rc, text, rep = _run(tmp_path, "--geometry", "deepseek-v3.2", "--world", str(world))
+    assert rc == 0, text
+    assert rep["world"] == world and len(rep["check"]) == world
+    assert all(c["ok"] and c["topk_equal"] for c in rep["check"])
+    assert all(rep["objects"][0][m]["backend"] == "direct" for m in ("query", "topk", "output"))
+    assert all(world * c["index_k_bytes_local"] == c["index_k_bytes_replicated"] for c in rep["capacity"])

@@ -102,11 +102,15 @@ def rank_main(cfg: dict) -> list[dict]:
                     print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
             for T in cfg["tokens"]:
                 g = torch.Generator(device=dev).manual_seed(1000 * me + T)
+                # positions are the same on every rank (DCP: every rank decodes the same tokens); the
+                # "roped" exchange rotates each row with its producer's positions, so per-rank positions
+                # would make it differ from allgather for a reason that cannot happen in serving.
+                gp = torch.Generator(device=dev).manual_seed(7919 + T)
                 sets = [
                     (
                         torch.randn(T, H, 512, device=dev, generator=g).to(torch.bfloat16),
                         torch.randn(T, H, 64, device=dev, generator=g).to(torch.bfloat16),
-                        torch.randint(0, cs.shape[0], (T,), device=dev, generator=g),
+                        torch.randint(0, cs.shape[0], (T,), device=dev, generator=gp),
                     )
                     for _ in range(cfg["sets"])
                 ]

@@ -76,7 +76,9 @@ class QueryGather:
             (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available.
         exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"auto"``
-            (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes.
+            (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
+            passes the same ``positions`` and ``cos_sin_cache`` (as in DCP, where every rank holds every token):
+            raw and allgather rotate every row with the *caller's* positions, roped with the *producer's*.
         device: the tensors' device (default: the current CUDA device, else CPU).
         num_programs: direct backend grid size (default: 2 per SM on GPU, 4 in the interpreter).
 

@@ -83,7 +83,17 @@ def poll_acquire(flag_ptr):
 
 @triton.jit
 def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    """``%globaltimer`` (ns), the same value in every thread of the program.
+
+    Each thread reads its own timer; a max over a 1024-element block (which spans every warp, so the
+    reduction crosses warps through shared memory) makes the value uniform. This matters: the poll
+    loop's body contains CTA barriers (a scalar atomic is issued by one thread and broadcast through
+    shared memory), so a deadline test that some threads pass one iteration before others would leave
+    the barriers mismatched and hang the program exactly when it should time out.
+    """
+    lane = tl.arange(0, 1024)
+    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lane], dtype=tl.int64, is_pure=False, pack=1)
+    return tl.max(t, axis=0)
 
 
 @triton.jit
@@ -96,11 +106,16 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
     """
     v = poll_acquire(flag_ptr)
     if GPU:
+        # The exit test must be uniform across the program's threads (see _globaltimer); the timer is
+        # read every 64 polls to keep its block reduction off the common path.
         t0 = _globaltimer()
-        now = t0
-        while (v != value) & ((now - t0) < timeout_ns):
+        n = 0
+        expired = 0
+        while (v != value) & (expired == 0):
             v = poll_acquire(flag_ptr)
-            now = _globaltimer()
+            n += 1
+            if n % 64 == 0:
+                expired = (_globaltimer() - t0 > timeout_ns).to(tl.int32)
     else:
         n = 0
         while (v != value) & (n < max_spins):

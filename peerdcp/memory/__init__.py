@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import resolve_device
 from .._dist import GroupInfo, agree, all_gather_object, resolve_group
 from .buffer import PeerBuffer
 from .probe import Capabilities, Check, KindReport, probe
@@ -20,19 +21,6 @@ MEMORY_KINDS = ("auto", "vmm", "symm", "host")
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _resolve_device(device: torch.device | str | int | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"device must be a CUDA device or cpu, got {dev}")
-    return dev
 
 
 def choose_memory(info: GroupInfo, memory: str, device: torch.device) -> tuple[str, str]:
@@ -97,7 +85,7 @@ def allocate(
             "peerdcp.memory.allocate() was called during CUDA-graph capture; allocate (and create every "
             "peerdcp object) before capturing"
         )
-    dev = _resolve_device(device if device is not None else ("cpu" if memory == "host" else None))
+    dev = resolve_device(device, cpu=memory == "host")
     info = resolve_group(group)
     kind, _reason = choose_memory(info, memory, dev)
     fault = _fault[1] if _fault is not None and _fault[0] == info.rank else None

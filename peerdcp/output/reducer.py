@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import triton
 
+from .._checks import resolve_device
 from .._dist import agree, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
@@ -67,19 +68,6 @@ TUNING = {
 
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _resolve_device(device, memory: str) -> torch.device:
-    if device is None:
-        if memory == "host" or not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", torch.cuda.current_device())
-    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"device must be a CUDA device or cpu, got {dev}")
-    return dev
 
 
 class OutputReducer:
@@ -169,7 +157,7 @@ class OutputReducer:
             problems.append((ValueError, f"timeout_s must be a positive number of seconds, got {timeout_s!r}"))
         dev = None
         try:
-            dev = _resolve_device(device, memory)
+            dev = resolve_device(device, cpu=memory == "host")
         except (ValueError, TypeError, RuntimeError) as e:
             problems.append((ValueError, f"device: {e}"))
         if dev is not None and memory in ("vmm", "symm") and dev.type != "cuda":

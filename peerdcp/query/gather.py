@@ -31,6 +31,7 @@ import torch
 import triton
 
 from .. import memory as _memory
+from .._checks import is_int, resolve_device
 from .._dist import agree, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
@@ -48,10 +49,6 @@ OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 AUTO_RAW_MAX_TOKENS = 1 << 30  # roped exchange was not byte-identical on H200 (bench, 2026-11-29): raw always
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class QueryGather:
@@ -119,7 +116,7 @@ class QueryGather:
         self.world_size, self.rank = info.world_size, info.rank
         local_err: BaseException | None = None
         try:
-            dev = self._resolve_device(device)
+            dev = resolve_device(device)
             self._validate_config(
                 max_tokens,
                 heads_per_rank,
@@ -216,19 +213,6 @@ class QueryGather:
         self._closed = False
 
     # ------------------------------------------------------------------------------------ setup
-    @staticmethod
-    def _resolve_device(device) -> torch.device:
-        if device is None:
-            return (
-                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-            )
-        dev = torch.device("cuda", device) if _is_int(device) else torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        if dev.type not in ("cuda", "cpu"):
-            raise ValueError(f"device must be a CUDA device or cpu, got {dev}")
-        return dev
-
     def _validate_config(
         self,
         max_tokens,
@@ -249,7 +233,7 @@ class QueryGather:
     ) -> None:
         W = self.world_size
         for name, v in (("max_tokens", max_tokens), ("heads_per_rank", H), ("nope_dim", nope), ("rope_dim", rope)):
-            if not _is_int(v):
+            if not is_int(v):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v <= 0:
                 raise ValueError(f"{name} must be positive, got {v}")
@@ -288,7 +272,7 @@ class QueryGather:
             raise ValueError(f"impl='cuda' needs a CUDA device, got {dev}")
         if exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
-        if nprog is not None and (not _is_int(nprog) or nprog <= 0):
+        if nprog is not None and (not is_int(nprog) or nprog <= 0):
             raise ValueError(f"num_programs must be a positive int or None, got {nprog!r}")
 
     def _choose_impl(self, impl: str, reasons: list[str]) -> str:
@@ -529,7 +513,7 @@ class QueryGather:
         self._ready()
         if self.backend != "direct":
             raise ValueError(f"exposed_shard needs backend='direct', this object uses {self.backend!r}")
-        if not _is_int(num_tokens):
+        if not is_int(num_tokens):
             raise TypeError(f"num_tokens must be an int, got {type(num_tokens).__name__}")
         if not 1 <= num_tokens <= self.max_tokens:
             raise ValueError(f"num_tokens must be in [1, {self.max_tokens}], got {num_tokens}")

@@ -27,6 +27,7 @@ import warnings
 import torch
 import triton
 
+from .._checks import is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
 from . import reference as ref
 from .kernels import _logits_kernel, _write_kernel
@@ -34,23 +35,6 @@ from .kernels import _logits_kernel, _write_kernel
 __all__ = ["IndexKCache", "indexer_logits", "LAYOUTS"]
 
 LAYOUTS = ("owner_sharded", "replicated")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _resolve_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    if _is_int(device):
-        return torch.device("cuda", device)
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"IndexKCache: device must be a CUDA device or cpu, got {dev}")
-    return dev
 
 
 class IndexKCache:
@@ -86,9 +70,9 @@ class IndexKCache:
         device: torch.device | str | int | None = None,
     ) -> None:
         for name, v in (("capacity_tokens", capacity_tokens), ("head_dim", head_dim), ("page_size", page_size)):
-            if not _is_int(v):
+            if not is_int(v):
                 raise TypeError(f"IndexKCache: {name} must be an int, got {type(v).__name__}")
-        if not _is_int(interleave):
+        if not is_int(interleave):
             raise TypeError(f"IndexKCache: interleave must be an int, got {type(interleave).__name__}")
         if capacity_tokens <= 0:
             raise ValueError(f"IndexKCache: capacity_tokens must be positive, got {capacity_tokens}")
@@ -100,7 +84,7 @@ class IndexKCache:
             raise ValueError(f"IndexKCache: layout must be one of {LAYOUTS}, got {layout!r}")
         if interleave < 1:
             raise ValueError(f"IndexKCache: interleave must be >= 1, got {interleave}")
-        dev = _resolve_device(device)
+        dev = resolve_device(device, owner="IndexKCache: ")
         info = resolve_group(group)
         geo = (capacity_tokens, head_dim, page_size, layout, interleave, dev.type)
         geos = all_gather_object(info, geo)
@@ -330,7 +314,7 @@ def indexer_logits(
     if max_seq_len is None and block_table is None:
         max_seq_len = int(seq_lens.max()) if T else 0  # device sync: pass max_seq_len to avoid it
     if max_seq_len is not None:
-        if not _is_int(max_seq_len) or max_seq_len < 0:
+        if not is_int(max_seq_len) or max_seq_len < 0:
             raise ValueError(f"indexer_logits: max_seq_len must be a non-negative int, got {max_seq_len!r}")
         Lmax = ref.local_length(max_seq_len, 0, W, I) if cache.sharded else max_seq_len
         if block_table is None and Lmax > cache.local_capacity:

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 import triton
 
+from .._checks import is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
@@ -61,10 +62,6 @@ _MAX_SEQ = (1 << 31) - 1  # ids are int32 and the key keeps 31 id bits
 
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is deprecated there)
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _check_logits_and_lens(where: str, local_logits, seq_lens, device: torch.device) -> tuple[int, int]:
@@ -87,7 +84,7 @@ def _check_logits_and_lens(where: str, local_logits, seq_lens, device: torch.dev
 
 def _check_force(where: str, force_first: int, force_last: int) -> None:
     for name, v in (("force_first", force_first), ("force_last", force_last)):
-        if not _is_int(v) or v < 0:
+        if not is_int(v) or v < 0:
             raise ValueError(f"{where}: {name} must be a non-negative int, got {v!r}")
 
 
@@ -189,7 +186,7 @@ def canonical_topk(
     Returns:
         ``[T, topk]`` int32 ids in canonical order (score desc, id asc, NaN lowest, -0 == +0), -1 padded.
     """
-    if not _is_int(topk) or not 1 <= topk <= MAX_TOPK:
+    if not is_int(topk) or not 1 <= topk <= MAX_TOPK:
         raise ValueError(f"canonical_topk: topk must be an int in [1, {MAX_TOPK}], got {topk!r}")
     T, L = _check_logits_and_lens("canonical_topk", logits, seq_lens, logits.device)
     _check_force("canonical_topk", force_first, force_last)
@@ -234,11 +231,11 @@ class TopK:
         timeout_s: float = 10.0,
         device: torch.device | str | int | None = None,
     ) -> None:
-        if not _is_int(max_rows):
+        if not is_int(max_rows):
             raise TypeError(f"TopK: max_rows must be an int, got {type(max_rows).__name__}")
         if max_rows < 1:
             raise ValueError(f"TopK: max_rows must be >= 1, got {max_rows}")
-        if not _is_int(topk):
+        if not is_int(topk):
             raise TypeError(f"TopK: topk must be an int, got {type(topk).__name__}")
         if not 1 <= topk <= MAX_TOPK:
             raise ValueError(f"TopK: topk must be in [1, {MAX_TOPK}], got {topk}")
@@ -246,22 +243,13 @@ class TopK:
             raise ValueError(f"TopK: backend must be one of {BACKENDS}, got {backend!r}")
         if memory not in MEMORY_KINDS:
             raise ValueError(f"TopK: memory must be one of {MEMORY_KINDS}, got {memory!r}")
-        if not _is_int(interleave):
+        if not is_int(interleave):
             raise TypeError(f"TopK: interleave must be an int, got {type(interleave).__name__}")
         if interleave < 1:
             raise ValueError(f"TopK: interleave must be >= 1, got {interleave}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"TopK: timeout_s must be a positive number, got {timeout_s!r}")
-        if device is None:
-            device = "cpu" if memory == "host" or not torch.cuda.is_available() else None
-        if device is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        else:
-            dev = torch.device("cuda", device) if _is_int(device) else torch.device(device)
-            if dev.type == "cuda" and dev.index is None:
-                dev = torch.device("cuda", torch.cuda.current_device())
-        if dev.type not in ("cuda", "cpu"):
-            raise ValueError(f"TopK: device must be a CUDA device or cpu, got {dev}")
+        dev = resolve_device(device, cpu=memory == "host", owner="TopK: ")
         info = resolve_group(group)
         geo = (max_rows, topk, backend, memory, interleave, dev.type)
         geos = all_gather_object(info, geo)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (no network): the GPU tests, benchmarks and main job, logs under $OUT.
 # Usage: bash scripts/gpu_check.sh STAGE...   stages: env probe tests[:PATHS] bench-output bench-query
-#        bench-topk run sglang    (each stage's log goes to $OUT/<stage>.log; a summary is printed last)
+#        bench-topk run    (each stage's log goes to $OUT/<stage>.log; a summary is printed last)
+# Every stage is bounded (STAGE_TIMEOUT seconds, default 240) and every test by pytest-timeout, so one
+# hung test costs minutes of the lease, not the whole call; the failing tests' names are in the summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -14,6 +16,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 summary=()
+ST=${STAGE_TIMEOUT:-240}
 for stage in "$@"; do
   name=${stage%%:*}; arg=${stage#*:}; [ "$arg" = "$stage" ] && arg=""
   log="$OUT/${name}.log"
@@ -22,16 +25,18 @@ for stage in "$@"; do
     env)
       { date -u; nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch,triton,sys; print(sys.version); print("torch",torch.__version__,"cuda",torch.version.cuda,"triton",triton.__version__, "gpus",torch.cuda.device_count())';
         python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nccl|sglang|flashinfer"; } >"$log" 2>&1 ;;
-    probe) python3 -m peerdcp probe >"$log" 2>&1 ;;
-    tests) python3 -m pytest -q -p no:cacheprovider -m "cuda or multigpu" ${arg:-tests} >"$log" 2>&1 ;;
-    bench-output) python3 -m bench.output --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
-    bench-query) python3 -m bench.query --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
-    bench-topk) python3 -m bench.topk --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
-    run) python3 -m peerdcp run ${arg:+$arg} --json "$OUT/run.json" >"$log" 2>&1 ;;
+    probe) timeout "$ST" python3 -m peerdcp probe >"$log" 2>&1 ;;
+    tests) timeout "$ST" python3 -m pytest -q -rf --tb=line --timeout=90 -p no:cacheprovider -m "cuda or multigpu" \
+             ${arg:-tests} >"$log" 2>&1 ;;
+    bench-output) timeout "$ST" python3 -m bench.output --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    bench-query) timeout "$ST" python3 -m bench.query --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    bench-topk) timeout "$ST" python3 -m bench.topk --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    run) timeout "$ST" python3 -m peerdcp run ${arg:+$arg} --json "$OUT/run.json" >"$log" 2>&1 ;;
     *) echo "unknown stage $name" >"$log"; false ;;
   esac
   rc=$?
   summary+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$log" | cut -c1-90)")")
+  [ "$name" = tests ] && summary+=("$(grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-120)")
 done
 for s in "${summary[@]}"; do
   echo "== ${s%%  *}"

@@ -108,10 +108,13 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
     if GPU:
         # The exit test must be uniform across the program's threads (see _globaltimer); the timer is
         # read every 64 polls to keep its block reduction off the common path.
-        t0 = _globaltimer()
+        # No timer read (and no block reduction) at all when the flag is already there.
+        t0 = value.to(tl.int64) * 0
         n = 0
         expired = 0
         while (v != value) & (expired == 0):
+            if n == 0:
+                t0 = _globaltimer()
             v = poll_acquire(flag_ptr)
             n += 1
             if n % 64 == 0:

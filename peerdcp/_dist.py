@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from .errors import PeerSetupError
 
-__all__ = ["GroupInfo", "resolve_group", "agree", "all_gather_object"]
+__all__ = ["GroupInfo", "resolve_group", "agree", "all_gather_object", "register_cpu_group"]
 
 _GLOO_TWINS: dict[int, dist.ProcessGroup] = {}
 
@@ -57,6 +57,12 @@ def resolve_group(group: dist.ProcessGroup | None) -> GroupInfo:
             cpu = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
             _GLOO_TWINS[key] = cpu
     return GroupInfo(pg, cpu, rank, len(ranks), ranks)
+
+
+def register_cpu_group(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup) -> None:
+    """Use ``cpu_group`` (gloo, same ranks) as the twin of ``group`` instead of creating one: a serving
+    engine that already owns a gloo twin (SGLang's ``GroupCoordinator.cpu_group``) passes it here."""
+    _GLOO_TWINS.setdefault(id(group), cpu_group)
 
 
 def all_gather_object(info: GroupInfo, obj: object) -> list:

@@ -73,7 +73,7 @@ def _seed_gloo_twin(device_group: Any, cpu_group: Any) -> None:
     try:
         from peerdcp import _dist
 
-        _dist._GLOO_TWINS.setdefault(id(device_group), cpu_group)
+        _dist.register_cpu_group(device_group, cpu_group)
     except Exception:  # noqa: BLE001 - an optimisation only
         pass
 

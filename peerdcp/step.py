@@ -85,9 +85,9 @@ def setup(geom: dict, rows: int, context: int, backends: dict, memory: str, seed
         from .topk import IndexKCache, TopK
 
         tk = TopK(None, max_rows=rows, topk=g.topk, backend=backends["topk"], memory=mem, timeout_s=30.0)
-        cache = IndexKCache(None, capacity_tokens=rows * _stride(context, W, g), head_dim=g.index_dim,
+        cache = IndexKCache(None, capacity_tokens=rows * _stride(context, W), head_dim=g.index_dim,
                             layout="owner_sharded", device=dev)  # fmt: skip
-        rep = IndexKCache(None, capacity_tokens=rows * _stride(context, W, g), head_dim=g.index_dim,
+        rep = IndexKCache(None, capacity_tokens=rows * _stride(context, W), head_dim=g.index_dim,
                           layout="replicated", device=dev)  # fmt: skip
         _S.update(tk=tk, cache=cache, rep=rep)
         info["topk"] = {"backend": tk.backend, "memory": tk.memory, "reason": tk.reason}
@@ -96,9 +96,30 @@ def setup(geom: dict, rows: int, context: int, backends: dict, memory: str, seed
     return info
 
 
-def _stride(context: int, W: int, g: Geometry) -> int:
-    align = W * 64  # IndexKCache.seq_align for interleave 1, page 64 (checked against the object below)
+def _stride(context: int, W: int) -> int:
+    """Logical slots between consecutive sequences in the index-K caches: the context rounded up to
+    IndexKCache.seq_align for interleave 1 and 64-token pages (checked against the object in _index_logits)."""
+    align = W * 64
     return -(-context // align) * align
+
+
+def _index_logits(cache, *, write: bool) -> torch.Tensor:
+    """Indexer scores of every row against ``cache`` (one sequence per row, at slot ``t * _stride``);
+    ``write`` first stores the whole random key history (the cache keeps what its layout owns)."""
+    from .topk import indexer_logits
+
+    g, W, T, L, dev = (_S[k] for k in ("g", "W", "T", "L", "dev"))
+    if _stride(1, W) % cache.seq_align:
+        raise RuntimeError(
+            f"sequence stride {_stride(1, W)} is not a multiple of IndexKCache.seq_align {cache.seq_align}"
+        )
+    starts = torch.arange(T, device=dev) * _stride(L, W)
+    if write:
+        slots = (starts[:, None] + torch.arange(L, device=dev)[None, :]).reshape(-1)
+        cache.write(slots, _S["k_idx"].reshape(-1, g.index_dim), _S["k_scale"].reshape(-1))
+    rows = -(-L // W) if cache.layout == "owner_sharded" else L
+    bt = cache.block_table(starts, -(-rows // cache.page_size))
+    return indexer_logits(_S["q_idx"], _S["w_idx"], cache, _S["lens"], block_table=bt, max_seq_len=L)
 
 
 def generate() -> dict:
@@ -134,13 +155,6 @@ def generate() -> dict:
     return {"kv_bytes_replicated": nbytes_kv, "lens": lens.tolist()}
 
 
-def _my_q(x: torch.Tensor, wq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    g, r, H = _S["g"], _S["r"], _S["H"]
-    D = g.nope_dim + g.rope_dim
-    q = (x @ wq[:, r * H * D : (r + 1) * H * D]).view(x.shape[0], H, D)
-    return q[..., : g.nope_dim].contiguous(), q[..., g.nope_dim :].contiguous()
-
-
 def _local_kv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's KV rows (interleave 1: token g on rank g % W at row g // W) and their local lengths."""
     W, r, L = _S["W"], _S["r"], _S["L"]
@@ -152,24 +166,14 @@ def _local_kv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def forward() -> dict:
     """The sharded step through the three mechanisms (what a serving engine runs per layer)."""
     g, W, r, H, T = (_S[k] for k in ("g", "W", "r", "H", "T"))
-    q_nope, q_pe = _my_q(_S["x"], _S["wq"])
+    q_nope, q_pe = _shard_of(_S["r"])
     if _S["fault"] == "corrupt-query" and r == W - 1:
         q_pe = q_pe.flip(-1).contiguous()
     q = _S["qg"].gather(q_nope, q_pe, _S["positions"], _S["cos_sin"])
     c_loc, pe_loc, local_len = _local_kv()
     out: dict[str, Any] = {}
     if g.dsa:
-        from .topk import indexer_logits
-
-        cache = _S["cache"]
-        starts = torch.arange(T, device=_S["dev"]) * _stride(_S["L"], W, g)
-        if cache.seq_align != _stride(1, W, g):
-            raise RuntimeError(f"unexpected IndexKCache.seq_align {cache.seq_align}")
-        slots = (starts[:, None] + torch.arange(_S["L"], device=_S["dev"])[None, :]).reshape(-1)
-        cache.write(slots, _S["k_idx"].reshape(-1, g.index_dim), _S["k_scale"].reshape(-1))
-        pages = -(-c_loc.shape[1] // cache.page_size)
-        bt = cache.block_table(starts, max(pages, 1))
-        logits = indexer_logits(_S["q_idx"], _S["w_idx"], cache, _S["lens"], block_table=bt, max_seq_len=_S["L"])
+        logits = _index_logits(_S["cache"], write=True)
         if _S["fault"] == "corrupt-topk" and r == 0:
             logits = logits.flip(-1).contiguous()
         ids = _S["tk"].select(logits, _S["lens"])
@@ -207,15 +211,9 @@ def check() -> dict:
     res: dict[str, Any] = {"query_ok": bool((q_diff <= q_tol).all()), "query_max_abs": float(q_diff.max())}
     L = _S["L"]
     if g.dsa:
-        from .topk import indexer_logits
         from .topk.selector import canonical_topk
 
-        rep = _S["rep"]
-        starts = torch.arange(T, device=_S["dev"]) * _stride(L, W, g)
-        slots = (starts[:, None] + torch.arange(L, device=_S["dev"])[None, :]).reshape(-1)
-        rep.write(slots, _S["k_idx"].reshape(-1, g.index_dim), _S["k_scale"].reshape(-1))
-        bt = rep.block_table(starts, -(-L // rep.page_size))
-        full = indexer_logits(_S["q_idx"], _S["w_idx"], rep, _S["lens"], block_table=bt, max_seq_len=L)
+        full = _index_logits(_S["rep"], write=True)
         ids_ref = canonical_topk(full, _S["lens"], g.topk)
         res["topk_equal"] = bool(torch.equal(ids_ref, _S["ids"]))
         res["topk_selected"] = int((ids_ref >= 0).sum())
@@ -261,7 +259,7 @@ def timings(reps: int) -> dict:
     from .query import QueryGather
 
     g, W, H, T, dev = (_S[k] for k in ("g", "W", "H", "T", "dev"))
-    q_nope, q_pe = _my_q(_S["x"], _S["wq"])
+    q_nope, q_pe = _shard_of(_S["r"])
     qg_base = QueryGather(None, max_tokens=T, heads_per_rank=H, nope_dim=g.nope_dim, rope_dim=g.rope_dim,
                           out_dtype=torch.bfloat16, backend="allgather")  # fmt: skip
     red_base = OutputReducer(None, max_tokens=T, heads_per_rank=H, head_dim=g.nope_dim, dtype=torch.bfloat16,
@@ -274,14 +272,11 @@ def timings(reps: int) -> dict:
     }  # fmt: skip
     objs = [qg_base, red_base]
     if g.dsa:
-        from .topk import TopK, indexer_logits
+        from .topk import TopK
 
         tk_base = TopK(None, max_rows=T, topk=g.topk, backend="allgather", device=dev)
         objs.append(tk_base)
-        cache = _S["cache"]
-        starts = torch.arange(T, device=dev) * _stride(_S["L"], W, g)
-        bt = cache.block_table(starts, max(1, -(-(_S["L"] // W + 1) // cache.page_size)))
-        logits = indexer_logits(_S["q_idx"], _S["w_idx"], cache, _S["lens"], block_table=bt, max_seq_len=_S["L"])
+        logits = _index_logits(_S["cache"], write=False)
         cases["topk"] = (lambda: _S["tk"].select(logits, _S["lens"]), lambda: tk_base.select(logits, _S["lens"]))
     out = {}
     for name, (fn, base) in cases.items():

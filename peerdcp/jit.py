@@ -42,9 +42,8 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("PEERDCP_CACHE", Path.home() / ".cache" / "peerdcp"))
 
 
-@functools.cache
-def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = DEFAULT_FLAGS) -> ctypes.CDLL:
-    """Build (if needed) ``lib<name>.so`` from ``csrc/<sources>`` and return it loaded."""
+def _target(name: str, sources: tuple[str, ...], flags: tuple[str, ...]) -> tuple[list[Path], Path, Path]:
+    """Sources, cache folder and library path; the folder is keyed by sources, headers and flags."""
     paths = [CSRC / s for s in sources]
     h = hashlib.sha256()
     for p in paths:
@@ -54,7 +53,13 @@ def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = D
         h.update(hdr.read_bytes())
     h.update(" ".join(flags).encode())
     out_dir = _cache_dir() / f"{name}-{h.hexdigest()[:16]}"
-    lib = out_dir / f"lib{name}.so"
+    return paths, out_dir, out_dir / f"lib{name}.so"
+
+
+@functools.cache
+def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = DEFAULT_FLAGS) -> ctypes.CDLL:
+    """Build (if needed) ``lib<name>.so`` from ``csrc/<sources>`` and return it loaded."""
+    paths, out_dir, lib = _target(name, sources, flags)
     if not lib.exists():
         if os.environ.get("PEERDCP_NO_JIT") == "1":
             raise JitError(f"{lib} is not built and PEERDCP_NO_JIT=1 forbids compiling")
@@ -91,3 +96,36 @@ def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, 
     if res.returncode != 0:
         raise JitError(f"building {lib.name} failed:\n{res.stdout}\n{res.stderr}")
     os.replace(tmp, lib)
+
+
+#: every C++ library the package loads: (name, sources, flags); ``python -m peerdcp.jit`` builds them all
+LIBRARIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("peerdcp_output", ("output_direct.cu",), DEFAULT_FLAGS),
+    (
+        "peerdcp_query",
+        ("query_direct.cu",),
+        ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-fmad=false", "-lineinfo"),
+    ),
+    ("peerdcp_selftest", ("selftest.cu",), DEFAULT_FLAGS),
+)
+
+
+def prebuild() -> list[Path]:
+    """Build every library into the cache without loading it (needs nvcc, not a GPU): a build machine can
+    fill ``$PEERDCP_CACHE`` and ship it to GPU machines that should not spend time compiling."""
+    built = []
+    for name, sources, flags in LIBRARIES:
+        paths, out_dir, lib = _target(name, sources, flags)
+        if not lib.exists():
+            nvcc = nvcc_path()
+            if nvcc is None:
+                raise JitError("nvcc not found (set PEERDCP_NVCC)")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            _build(nvcc, paths, flags, out_dir, lib)
+        built.append(lib)
+    return built
+
+
+if __name__ == "__main__":
+    for p in prebuild():
+        print(p)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (no network): the GPU tests, benchmarks and main job, logs under $OUT.
-# Usage: bash scripts/gpu_check.sh STAGE...   stages: env probe tests[:PATHS] bench-output bench-query
+# Usage: bash scripts/gpu_check.sh STAGE...   stages: env probe tests[-NAME][:PATHS] py[-NAME]:SCRIPT bench-output bench-query
 #        bench-topk run    (each stage's log goes to $OUT/<stage>.log; a summary is printed last)
 # Every stage is bounded (STAGE_TIMEOUT seconds, default 240) and every test by pytest-timeout, so one
 # hung test costs minutes of the lease, not the whole call; the failing tests' names are in the summary.
@@ -26,17 +26,18 @@ for stage in "$@"; do
       { date -u; nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch,triton,sys; print(sys.version); print("torch",torch.__version__,"cuda",torch.version.cuda,"triton",triton.__version__, "gpus",torch.cuda.device_count())';
         python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nccl|sglang|flashinfer"; } >"$log" 2>&1 ;;
     probe) timeout "$ST" python3 -m peerdcp probe >"$log" 2>&1 ;;
-    tests) timeout "$ST" python3 -m pytest -q -rf --tb=line --timeout=90 -p no:cacheprovider -m "cuda or multigpu" \
+    tests*) timeout "$ST" python3 -m pytest -v -rfE --tb=short --durations=8 --timeout=${TEST_TIMEOUT:-90} -p no:cacheprovider -m "cuda or multigpu" \
              ${arg:-tests} >"$log" 2>&1 ;;
     bench-output) timeout "$ST" python3 -m bench.output --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
     bench-query) timeout "$ST" python3 -m bench.query --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
     bench-topk) timeout "$ST" python3 -m bench.topk --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
+    py*) timeout "$ST" python3 $arg >"$log" 2>&1 ;;
     run) timeout "$ST" python3 -m peerdcp run ${arg:+$arg} --json "$OUT/run.json" >"$log" 2>&1 ;;
     *) echo "unknown stage $name" >"$log"; false ;;
   esac
   rc=$?
   summary+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$log" | cut -c1-90)")")
-  [ "$name" = tests ] && summary+=("$(grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-120)")
+  [[ "$name" == tests* ]] && summary+=("$(grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-120)")
 done
 for s in "${summary[@]}"; do
   echo "== ${s%%  *}"

@@ -131,7 +131,10 @@ def probe_json() -> dict:
 def gpu_cycles(memory: str, n: int, nbytes: int) -> dict:
     """n allocate/close cycles on the GPU; device memory and fds must not grow after the first."""
     torch.cuda.synchronize()
-    buf = peerdcp.memory.allocate(nbytes, memory=memory)  # first allocation may create pools
+    # The first cycle may create pools, and its fill_ loads the fill kernel's module (CUDA lazy loading
+    # takes ~2 MiB per module on first launch): the same work as a measured cycle, outside the measurement.
+    buf = peerdcp.memory.allocate(nbytes, memory=memory)
+    buf.view(buf.rank, (4,), torch.int32).fill_(-1)
     buf.close()
     torch.cuda.synchronize()
     free0 = torch.cuda.mem_get_info()[0]

@@ -57,7 +57,7 @@ def check_result(out, ref, lse=None, ref_lse=None, dtype=torch.bfloat16) -> dict
     """Relative Frobenius error, worst element against one rounding, NaN/inf count, exact zeros in rows
     where every source is empty (reference row 0)."""
     out = out.detach().to("cpu", torch.float64)
-    ref = ref.to(torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
     nan = int(torch.isnan(out).sum()) + int(torch.isinf(out).sum())
     diff = (out - ref).nan_to_num(nan=1e30, posinf=1e30, neginf=1e30)
     sq_err, sq_ref = float(diff.pow(2).sum()), float(ref.pow(2).sum())
@@ -68,7 +68,7 @@ def check_result(out, ref, lse=None, ref_lse=None, dtype=torch.bfloat16) -> dict
     res = {"elem": elem, "nan": nan, "zero_ok": zero_ok, "ok": ok, "sq_err": sq_err, "sq_ref": sq_ref}
     if ref_lse is not None:
         lse = lse.detach().to("cpu", torch.float64)
-        rl = ref_lse.to(torch.float64)
+        rl = ref_lse.detach().to("cpu", torch.float64)
         fin = torch.isfinite(rl)
         same_inf = bool((lse[~fin] == rl[~fin]).all())
         lerr = float(((lse[fin] - rl[fin]).abs() / rl[fin].abs().clamp_min(1.0)).max()) if bool(fin.any()) else 0.0

@@ -52,7 +52,7 @@ def _setup(env: dict[str, str], backend: str) -> tuple[Any, str]:
 
     plugin.options.reset()
     load_plugins()
-    plugin.register()  # no-op after load_plugins (idempotent); raises if load_plugins skipped the plugin
+    plugin.register()  # no-op after load_plugins; applies the hooks itself where no entry point was found
     global _GC
     if _GC is not None:
         return _GC

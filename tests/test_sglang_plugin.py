@@ -392,6 +392,34 @@ def test_missing_target_at_load_fails_loudly(tmp_path, clean_env):
     assert res["vmm"].startswith("peerdcp SGLang plugin: invalid DCP configuration") and "BaseRunner.nope" in res["vmm"]
 
 
+_DIRECT_CHILD = textwrap.dedent(
+    """
+    import json
+    from sglang.srt.layers.dcp import comm
+    from sglang.srt.plugins import load_plugins
+    import peerdcp.integrations.sglang as plugin
+
+    before = id(comm.dcp_a2a_lse_reduce)  # an id: SGLang re-binds module globals that hold the original
+    load_plugins()  # SGLANG_PLUGINS names no peerdcp: the entry point is skipped, nothing is applied
+    skipped = not plugin._REGISTERED and id(comm.dcp_a2a_lse_reduce) == before
+    plugin.register()  # by hand, as on a machine where peerdcp is only on PYTHONPATH
+    print(json.dumps({"skipped": skipped, "hooked": id(comm.dcp_a2a_lse_reduce) != before}))
+    """
+)
+
+
+def test_register_by_hand_applies_hooks(tmp_path, clean_env):
+    """Without the entry point (peerdcp importable, not installed), calling ``register()`` after SGLang's
+    ``load_plugins()`` must still hook SGLang's functions (load_plugins' one apply step has passed)."""
+    script = tmp_path / "direct.py"
+    script.write_text(_DIRECT_CHILD)
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    env["SGLANG_PLUGINS"] = "not_peerdcp"
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"skipped": True, "hooked": True}
+
+
 def test_patch_when_imported(tmp_path, monkeypatch):
     """The lazy hook mechanism: the patch runs right after the module is first imported."""
     pkg = tmp_path / "peerdcp_fake_mod_pkg"

@@ -14,12 +14,12 @@ import functools
 
 import torch
 
-from ..jit import load_library
+from ..jit import LIBRARIES, load_library
 
 __all__ = ["load", "query_direct", "query_wait_acks"]
 
 # no --use_fast_math: no flush-to-zero, and -fmad=false keeps every fp32 rounding of the reference
-_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-fmad=false", "-lineinfo")
+_FLAGS = next(f for n, _, f in LIBRARIES if n == "peerdcp_query")
 
 _i64, _i32, _vp, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 

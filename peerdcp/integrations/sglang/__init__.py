@@ -316,5 +316,20 @@ def register() -> None:
     except HookTargetError as e:
         errors.append(str(e))
     _LOAD_ERRORS[:] = errors
+    _apply_if_called_directly(HookRegistry)
     if errors:
         raise HookTargetError("\n".join(errors))
+
+
+def _apply_if_called_directly(registry: Any) -> None:
+    """SGLang's ``load_plugins`` applies every plugin's hooks once, after all plugins ran. When ``register``
+    is called by hand instead (peerdcp importable but not pip-installed, so no entry point; or a custom
+    launcher), that step has already happened or never will: apply now. Inside ``load_plugins`` (a plugin
+    source is set) applying early would freeze targets other plugins still want to hook, so leave it."""
+    try:
+        from sglang.srt.plugins.hook_registry import _current_plugin_source
+    except ImportError:  # a newer SGLang without it: applying is idempotent, do it
+        registry.apply_hooks()
+        return
+    if _current_plugin_source.get() is None:
+        registry.apply_hooks()

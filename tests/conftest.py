@@ -11,6 +11,10 @@ from peerdcp.launch import RankPool
 
 _POOLS: dict[tuple[int, str], RankPool] = {}
 
+#: ranks (one per GPU) of the multigpu tests: 2 by default; ``PEERDCP_GPU_WORLD=4`` (or 8) runs the same
+#: suites at DCP4 / DCP8 on a host with that many GPUs (they are skipped with fewer).
+GPU_WORLD = int(os.environ.get("PEERDCP_GPU_WORLD", "2"))
+
 
 def get_pool(world: int, backend: str = "gloo") -> RankPool:
     key = (world, backend)
@@ -33,9 +37,9 @@ def pools():
 def pytest_collection_modifyitems(config, items):
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     skip_cuda = pytest.mark.skip(reason="needs CUDA")
-    skip_multi = pytest.mark.skip(reason="needs >= 2 CUDA GPUs")
+    skip_multi = pytest.mark.skip(reason=f"needs >= {GPU_WORLD} CUDA GPUs (PEERDCP_GPU_WORLD)")
     for item in items:
-        if "multigpu" in item.keywords and ngpu < 2:
+        if "multigpu" in item.keywords and ngpu < max(2, GPU_WORLD):
             item.add_marker(skip_multi)
         elif "cuda" in item.keywords and ngpu < 1:
             item.add_marker(skip_cuda)

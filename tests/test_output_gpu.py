@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import rankfns_output as fns
 import torch
+from conftest import GPU_WORLD
 
 pytestmark = pytest.mark.multigpu
 
@@ -18,7 +19,7 @@ TS = [1, 2, 7, 64, 128, 256]
 
 
 def _pool(pools):
-    return pools(2, NCCL)
+    return pools(GPU_WORLD, NCCL)
 
 
 # kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),

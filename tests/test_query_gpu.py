@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import rankfns_query as fns
 import torch
+from conftest import GPU_WORLD
 
 pytestmark = pytest.mark.multigpu
 
@@ -27,7 +28,7 @@ GPU_CASES = {
 
 @pytest.fixture(scope="module")
 def gpool(pools):
-    return pools(2, NCCL)
+    return pools(GPU_WORLD, NCCL)
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import GPU_WORLD
 
 pytest.importorskip("sglang")
 
@@ -27,7 +28,7 @@ TS = [1, 3, 8, 64, 128, 256, 600]  # 600 > max_tokens: SGLang's own collective s
 
 
 def test_sglang_merge_vmm_symm_match_sglang_a2a(pools):
-    pool = pools(2, "cpu:gloo,cuda:nccl")
+    pool = pools(GPU_WORLD, "cpu:gloo,cuda:nccl")
     res = pool.run(R.gpu_merge_parity, ENV, TS, 16, 512, timeout=600)
     closed = pool.run(R.close_workspaces)
     print(json.dumps(res[0], indent=1))
@@ -51,7 +52,7 @@ def test_sglang_merge_vmm_symm_match_sglang_a2a(pools):
 
 
 def test_sglang_query_vmm_direct_matches_allgather(pools):
-    pool = pools(2, "cpu:gloo,cuda:nccl")
+    pool = pools(GPU_WORLD, "cpu:gloo,cuda:nccl")
     res = pool.run(R.gpu_query_parity, ENV, [1, 8, 64, 256], 16, timeout=600)
     closed = pool.run(R.close_workspaces)
     print(json.dumps(res[0], indent=1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import rankfns_topk as fns
+from conftest import GPU_WORLD
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.cuda]
 
@@ -31,22 +32,24 @@ def _check(res, world):
 
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_exact_selection_small_k(pools, memory):
-    res = pools(2, NCCL).run(fns.exactness, 16, (1, 64), [0, 1, 13, 16, 17, 320, 37], 3, memory=memory, device="cuda")
-    _check(res, 2)
+    res = pools(GPU_WORLD, NCCL).run(
+        fns.exactness, 16, (1, 64), [0, 1, 13, 16, 17, 320, 37], 3, memory=memory, device="cuda"
+    )
+    _check(res, GPU_WORLD)
 
 
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_exact_selection_k2048(pools, memory):
     lens = [0, 1, 2047, 2048, 2049, 4095, 50_000, 131_072]
-    res = pools(2, NCCL).run(fns.exactness, 2048, (1, 64), lens, 4, memory=memory, device="cuda")
-    _check(res, 2)
+    res = pools(GPU_WORLD, NCCL).run(fns.exactness, 2048, (1, 64), lens, 4, memory=memory, device="cuda")
+    _check(res, GPU_WORLD)
 
 
 @pytest.mark.parametrize("memory", MEMORIES)
 @pytest.mark.parametrize("backend", ["direct", "allgather"])
 @pytest.mark.parametrize("interleave", [1, 64])
 def test_gpu_cuda_graph_replays(pools, memory, backend, interleave):
-    res = pools(2, NCCL).run(fns.graph_exactness, 64, interleave, memory, backend, 10, 5)
+    res = pools(GPU_WORLD, NCCL).run(fns.graph_exactness, 64, interleave, memory, backend, 10, 5)
     for r in res:
         assert all(r["ok"]), r["ok"]
         assert r["backend"] == backend
@@ -55,21 +58,21 @@ def test_gpu_cuda_graph_replays(pools, memory, backend, interleave):
 
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_back_to_back_without_barrier(pools, memory):
-    res = pools(2, NCCL).run(fns.back_to_back, 200, 64, 1, 8, 17, memory=memory, device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(fns.back_to_back, 200, 64, 1, 8, 17, memory=memory, device="cuda")
     for r in res:
         assert all(r["ok"]), [i for i, x in enumerate(r["ok"]) if not x]
     assert res[0]["digests"] == res[1]["digests"]
 
 
 def test_gpu_rows_beyond_max_rows(pools):
-    res = pools(2, NCCL).run(fns.auto_fallback_rows, 64, 2, memory="auto", device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(fns.auto_fallback_rows, 64, 2, memory="auto", device="cuda")
     for r in res:
         assert r == {"backend": "direct", "T1": True, "T2": True, "T5": True}, r
 
 
 @pytest.mark.parametrize("heads,interleave,upcast", [(64, 1, False), (32, 64, False), (64, 64, True)])
 def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
-    res = pools(2, NCCL).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", upcast=upcast)
+    res = pools(GPU_WORLD, NCCL).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", upcast=upcast)
     for r in res:
         for lay in ("owner_sharded", "replicated"):
             assert r[lay]["values"] and r[lay]["mask"], r
@@ -79,7 +82,7 @@ def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
 
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_sharded_pipeline_matches_replicated(pools, memory):
-    res = pools(2, NCCL).run(fns.pipeline, 64, 128, 64, 1, 9, memory=memory, device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(fns.pipeline, 64, 128, 64, 1, 9, memory=memory, device="cuda")
     for r in res:
         assert r["equal_baseline"] and r["equal_reference"], r
         assert r["bytes"] == (8 * 8448, 16 * 8448)
@@ -87,18 +90,18 @@ def test_gpu_sharded_pipeline_matches_replicated(pools, memory):
 
 
 def test_gpu_bad_input(pools):
-    res = pools(2, NCCL).run(fns.bad_inputs, memory="vmm", device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(fns.bad_inputs, memory="vmm", device="cuda")
     for r in res:
         assert "no error" not in r["errors"], r
         assert len(r["errors"]) == 19, r
         assert r["good_after"] and r["closed"] == ["ValueError"]
-    res = pools(2, NCCL).run(fns.bad_cache_inputs, device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(fns.bad_cache_inputs, device="cuda")
     for r in res:
         assert "no error" not in r and "ok (2, 5)" in r, r
 
 
 def test_gpu_missing_peer_times_out(pools):
-    res = pools(2, NCCL).run(fns.missing_peer, 1, 2.0, memory="vmm", device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(fns.missing_peer, 1, 2.0, memory="vmm", device="cuda")
     assert res[1] == "absent"
     first, again, check = res[0].split(" | ")
     assert first.startswith("timeout rank=0 peer=1 mech=topk"), res[0]

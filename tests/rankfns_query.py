@@ -223,6 +223,39 @@ def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto
     return results
 
 
+def one_path(case: dict, impl: str, exchange: str, memory: str, timeout_s: float = 5.0) -> dict:
+    """One direct path (``exchange`` raw | roped | exposed) of :func:`gather_matrix` alone, with a short
+    peer timeout: bitwise equality with the fp32 reference, the seconds it took, and any error (so a
+    path that stalls is named, instead of a whole matrix running into the test's timeout)."""
+    W, dev, me = dist.get_world_size(), _dev(), dist.get_rank()
+    nope, rope, T, H = case.get("nope", 512), case.get("rope", 64), case["T"], case["H"]
+    cs = _table(case.get("table", "plain"), rope, dev)
+    nopes, pes, pos = make_inputs(2000 + T, W, T, H, nope, rope, cs.shape[0], device=dev)
+    kw = dict(rope_style=case["style"], out_dtype=case["out"], quant_scale=case.get("scale", 1.0))
+    r32, _ = references(nopes, pes, pos, cs, pad=case.get("pad"), style=kw["rope_style"],
+                        out_dtype=kw["out_dtype"], scale=kw["quant_scale"])  # fmt: skip
+    t0 = time.perf_counter()
+    err = None
+    ok = False
+    try:
+        with QueryGather(backend="direct", memory=memory, exchange="raw" if exchange == "exposed" else exchange,
+                         impl=impl, max_tokens=T + 2, heads_per_rank=H, nope_dim=nope, rope_dim=rope,
+                         pad_heads_to=case.get("pad"), timeout_s=timeout_s, device=dev, **kw) as qg:  # fmt: skip
+            if exchange == "exposed":
+                zn, zp = qg.exposed_shard(T)
+                zn.copy_(nopes[me])
+                zp.copy_(pes[me])
+                out = qg.gather_exposed(pos, cs, out=poisoned(qg, T))
+            else:
+                out = qg.gather(nopes[me], pes[me], pos, cs, out=poisoned(qg, T))
+            qg.check()
+            bits = torch.uint8 if kw["out_dtype"] == FP8 else torch.int16
+            ok = bool(torch.equal(out.cpu().view(bits), r32.view(bits)))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        err = f"{type(e).__name__}: {e}"
+    return {"ok": ok, "error": err, "seconds": round(time.perf_counter() - t0, 3)}
+
+
 def check_matrix(results: list, names: list[str], memory: str, impls=("triton",)) -> None:
     """The assertions the tests make on :func:`gather_matrix` results (shared by CPU and GPU tests)."""
     for name, res in zip(names, results):

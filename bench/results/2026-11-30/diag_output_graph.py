@@ -1,17 +1,33 @@
 """Diagnose: twins failure detail, symm graph replay hang (small counts, short timeouts)."""
-import sys, time, json, traceback
+
+import sys
+import time
+
 sys.path.insert(0, "tests")
-import torch
 import rankfns_output as fns
+import torch
+
 from peerdcp.launch import RankPool
 
 NCCL = "cpu:gloo,cuda:nccl"
+
+
 def cfg(memory, kernel, timeout_s=2.0, ll=None):
-    c = dict(max_tokens=256, dtype=torch.bfloat16, backend="direct", lse_base="e", timeout_s=timeout_s,
-             heads_per_rank=16, head_dim=512, memory=memory, kernel=kernel)
+    c = dict(
+        max_tokens=256,
+        dtype=torch.bfloat16,
+        backend="direct",
+        lse_base="e",
+        timeout_s=timeout_s,
+        heads_per_rank=16,
+        head_dim=512,
+        memory=memory,
+        kernel=kernel,
+    )
     if ll is not None:
         c["ll_max_tokens"] = ll
     return c
+
 
 def go(name, fn, *a, timeout=60):
     global pool
@@ -22,7 +38,8 @@ def go(name, fn, *a, timeout=60):
         r = "ERR " + str(e)[-1500:]
         if pool.broken:
             pool = RankPool(2, backend=NCCL)
-    print(f"### {name} ({time.time()-t0:.1f}s): {r}", flush=True)
+    print(f"### {name} ({time.time() - t0:.1f}s): {r}", flush=True)
+
 
 def main():
     global pool

@@ -103,6 +103,13 @@ def merge_rank(cfg: dict) -> list[dict]:
                 "allgather": lambda i: tka.merge(sets[i % 4]),
                 "baseline": lambda i: allgather_topk(sets[i % 4], W),
             }
+            if cfg.get("breakdown"):
+                # the direct merge's two kernels alone: publish (no wait) and merge (flags of the current
+                # epoch already set by the last publish, so its wait passes at once); both ranks make the
+                # same number of publishes, so the epochs stay in step for the calls that follow
+                scratch = torch.empty(T, K, dtype=torch.int32, device=dev)
+                ops["publish_only"] = lambda i: tkd._publish(sets[i % 4], scratch)
+                ops["merge_only"] = lambda i: tkd._merge_inbox(sets[i % 4], scratch)
             for name, fn in ops.items():
                 row[name] = _time(cfg, fn)
                 if cfg["eager"]:
@@ -224,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager", action="store_true", help="also time the merge eagerly (no CUDA graph)")
     p.add_argument("--no-indexer", action="store_true", help="skip part 2")
     p.add_argument(
+        "--breakdown", action="store_true", help="also time the direct merge's publish and merge kernels alone"
+    )
+    p.add_argument(
         "--cpu-smoke",
         action="store_true",
         help="check this script's code paths on CPU (gloo, Triton interpreter, tiny sizes); times mean nothing",
@@ -231,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cpu_smoke:
         cfg = {"rows": [1, 3], "index_rows": [1, 2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
+        cfg["breakdown"] = args.breakdown
         cfg.update(calls=2, eager=False, device="cpu")
         return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())
     cfg = {
@@ -240,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "iters": args.iters or (20 if args.quick else 100),
         "calls": args.calls or (10 if args.quick else 20),
         "eager": args.eager,
+        "breakdown": args.breakdown,
         "device": "cuda",
     }
     t0 = time.time()
@@ -288,6 +300,8 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
     if merge:
         print("\nTop-K merge, top-k 2048 (µs, CUDA graph, slowest rank; speedup = baseline / direct, target >= 4)")
         cols = ["rows", "exact", "memory", "direct", "allgather", "baseline", "speedup", "vs_allgather"]
+        if any("publish_only" in m for m in merge):
+            cols[4:4] = ["publish_only", "merge_only"]
         if cfg["eager"]:
             cols += ["direct_eager", "baseline_eager"]
         print(_table(merge, cols))

@@ -364,6 +364,14 @@ class TopK:
         return out
 
     def _merge_direct(self, keys: torch.Tensor, out: torch.Tensor) -> None:
+        self._publish(keys, out)
+        self._merge_inbox(keys, out)
+        if self.device.type == "cpu":  # host memory: the kernel already ran, report a timeout right away
+            self._ready("select")
+
+    def _publish(self, keys: torch.Tensor, out: torch.Tensor) -> None:
+        """Kernel 1 of the direct merge: advance the rows' epochs, push this rank's candidates into every
+        peer's inbox, release the flags, pre-fill ``out`` with -1 (``bench.topk --breakdown`` times it alone)."""
         buf, W, K = self._buf, self.world_size, self.topk
         T, n = keys.shape
         gpu = on_gpu(self.device)
@@ -383,6 +391,12 @@ class TopK:
             BLOCK=pblock,
             GPU=gpu,
         )
+
+    def _merge_inbox(self, keys: torch.Tensor, out: torch.Tensor) -> None:
+        """Kernel 2: wait for the peers' flags of each row (this call's epoch), merge into ``out``."""
+        buf, W, K = self._buf, self.world_size, self.topk
+        T, n = keys.shape
+        gpu = on_gpu(self.device)
         WP = triton.next_power_of_2(W)
         BLOCK = _merge_block(K, WP, self.device)
         nch = triton.cdiv(K, BLOCK)
@@ -413,8 +427,6 @@ class TopK:
             MECH=mechanism_code("topk"),
             GPU=gpu,
         )
-        if self.device.type == "cpu":  # host memory: the kernel already ran, report a timeout right away
-            self._ready("select")
 
     def _merge_allgather(self, keys: torch.Tensor, out: torch.Tensor) -> None:
         W, K = self.world_size, self.topk

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["CSRC", "load_library", "JitError", "nvcc_path"]
+__all__ = ["CSRC", "LIBRARIES", "load", "load_library", "prebuild", "JitError", "nvcc_path"]
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 DEFAULT_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "--use_fast_math", "-lineinfo")
@@ -56,9 +56,8 @@ def _target(name: str, sources: tuple[str, ...], flags: tuple[str, ...]) -> tupl
     return paths, out_dir, out_dir / f"lib{name}.so"
 
 
-@functools.cache
-def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = DEFAULT_FLAGS) -> ctypes.CDLL:
-    """Build (if needed) ``lib<name>.so`` from ``csrc/<sources>`` and return it loaded."""
+def _ensure_built(name: str, sources: tuple[str, ...], flags: tuple[str, ...]) -> Path:
+    """Path of ``lib<name>.so``, built first if the cache lacks it (file lock: W ranks build once)."""
     paths, out_dir, lib = _target(name, sources, flags)
     if not lib.exists():
         if os.environ.get("PEERDCP_NO_JIT") == "1":
@@ -71,7 +70,19 @@ def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = D
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not lib.exists():
                 _build(nvcc, paths, flags, out_dir, lib)
-    return ctypes.CDLL(str(lib))
+    return lib
+
+
+@functools.cache
+def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = DEFAULT_FLAGS) -> ctypes.CDLL:
+    """Build (if needed) ``lib<name>.so`` from ``csrc/<sources>`` and return it loaded."""
+    return ctypes.CDLL(str(_ensure_built(name, sources, flags)))
+
+
+def load(name: str) -> ctypes.CDLL:
+    """Build (if needed) and load the library ``name`` of :data:`LIBRARIES`."""
+    sources, flags = LIBRARIES[name]
+    return load_library(name, sources, flags)
 
 
 def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, lib: Path) -> None:
@@ -98,32 +109,23 @@ def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, 
     os.replace(tmp, lib)
 
 
-#: every C++ library the package loads: (name, sources, flags); ``python -m peerdcp.jit`` builds them all
-LIBRARIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("peerdcp_output", ("output_direct.cu",), DEFAULT_FLAGS),
-    (
-        "peerdcp_query",
+#: every C++ library the package loads: name -> (sources, flags); the mechanisms load them with
+#: :func:`load`, and ``python -m peerdcp.jit`` builds them all
+LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "peerdcp_output": (("output_direct.cu",), DEFAULT_FLAGS),
+    # no --use_fast_math: no flush-to-zero, and -fmad=false keeps every fp32 rounding of the reference
+    "peerdcp_query": (
         ("query_direct.cu",),
         ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-fmad=false", "-lineinfo"),
     ),
-    ("peerdcp_selftest", ("selftest.cu",), DEFAULT_FLAGS),
-)
+    "peerdcp_selftest": (("selftest.cu",), DEFAULT_FLAGS),
+}
 
 
 def prebuild() -> list[Path]:
     """Build every library into the cache without loading it (needs nvcc, not a GPU): a build machine can
     fill ``$PEERDCP_CACHE`` and ship it to GPU machines that should not spend time compiling."""
-    built = []
-    for name, sources, flags in LIBRARIES:
-        paths, out_dir, lib = _target(name, sources, flags)
-        if not lib.exists():
-            nvcc = nvcc_path()
-            if nvcc is None:
-                raise JitError("nvcc not found (set PEERDCP_NVCC)")
-            out_dir.mkdir(parents=True, exist_ok=True)
-            _build(nvcc, paths, flags, out_dir, lib)
-        built.append(lib)
-    return built
+    return [_ensure_built(name, sources, flags) for name, (sources, flags) in LIBRARIES.items()]
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ pytestmark = pytest.mark.cuda
 
 
 def test_jit_build_and_launch():
-    from peerdcp.jit import load_library
+    from peerdcp.jit import load
 
-    lib = load_library("peerdcp_selftest", ("selftest.cu",))
+    lib = load("peerdcp_selftest")
     fn = lib.peerdcp_selftest_fill
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p]
     fn.restype = ctypes.c_int

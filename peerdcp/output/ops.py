@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from ..jit import load_library
+from ..jit import load as load_jit
 
 __all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct"]
 
@@ -55,7 +55,7 @@ class OutputDirectParams(ctypes.Structure):
 @functools.cache
 def library() -> ctypes.CDLL:
     """Build (first use, cached on disk) and load ``libpeerdcp_output.so``; checks the parameter layout."""
-    lib = load_library("peerdcp_output", ("output_direct.cu",))
+    lib = load_jit("peerdcp_output")
     lib.peerdcp_output_direct.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.peerdcp_output_direct.restype = ctypes.c_int
     lib.peerdcp_output_direct_blocks_per_sm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]

@@ -1,7 +1,7 @@
 """The CUDA C++ direct kernel (``csrc/query_direct.cu``) as ``torch.library`` custom ops.
 
 ``peerdcp::query_direct`` and ``peerdcp::query_wait_acks`` launch the C-ABI entry points (built at first
-use by :func:`peerdcp.jit.load_library`) on the current stream, so they are CUDA-graph capturable. Both
+use by :func:`peerdcp.jit.load`) on the current stream, so they are CUDA-graph capturable. Both
 mutate their state tensors in place and return nothing; their fake implementations do nothing (there is
 no output to shape). Peer memory, the error word and the remote flags are raw addresses: the ops'
 effects on them are invisible to torch by design.
@@ -14,12 +14,10 @@ import functools
 
 import torch
 
-from ..jit import LIBRARIES, load_library
+from ..jit import load as load_jit
 
 __all__ = ["load", "query_direct", "query_wait_acks"]
 
-# no --use_fast_math: no flush-to-zero, and -fmad=false keeps every fp32 rounding of the reference
-_FLAGS = next(f for n, _, f in LIBRARIES if n == "peerdcp_query")
 
 _i64, _i32, _vp, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 
@@ -27,7 +25,7 @@ _i64, _i32, _vp, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_
 @functools.cache
 def load() -> ctypes.CDLL:
     """Build (once per source hash) and load ``libpeerdcp_query.so``; raises JitError without nvcc."""
-    lib = load_library("peerdcp_query", ("query_direct.cu",), _FLAGS)
+    lib = load_jit("peerdcp_query")  # flags in peerdcp.jit.LIBRARIES (no fast math, no FMA contraction)
     lib.peerdcp_query_direct.restype = ctypes.c_int
     lib.peerdcp_query_direct.argtypes = [
         _vp,

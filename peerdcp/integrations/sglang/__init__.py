@@ -329,7 +329,6 @@ def _apply_if_called_directly(registry: Any) -> None:
     try:
         from sglang.srt.plugins.hook_registry import _current_plugin_source
     except ImportError:  # a newer SGLang without it: applying is idempotent, do it
-        registry.apply_hooks()
-        return
-    if _current_plugin_source.get() is None:
+        _current_plugin_source = None
+    if _current_plugin_source is None or _current_plugin_source.get() is None:
         registry.apply_hooks()

@@ -151,46 +151,54 @@ def kernel_numerics() -> dict:
 
 
 # ------------------------------------------------------------------------------- the gather matrix
+def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
+    """A matrix case's inputs on this rank's device, its fp32/fp64 references, and the QueryGather keyword
+    arguments every path of the case shares: ``(T, nopes, pes, pos, cs, r32, r64, common)``."""
+    W, dev = dist.get_world_size(), _dev()
+    nope, rope = case.get("nope", 512), case.get("rope", 64)
+    style, out_dtype, scale, pad = case["style"], case["out"], case.get("scale", 1.0), case.get("pad")
+    Tc, Hc = case.get("T", T), case.get("H", H)
+    cs = _table(case.get("table", "plain"), rope, dev)
+    nopes, pes, pos = make_inputs(
+        seed,
+        W,
+        Tc,
+        Hc,
+        nope,
+        rope,
+        cs.shape[0],
+        mag=case.get("mag", 1.0),
+        device=dev,
+        specials=case.get("specials", False),
+    )
+    if case.get("pos32"):
+        pos = pos.to(torch.int32)
+    r32, r64 = references(nopes, pes, pos, cs, style=style, out_dtype=out_dtype, scale=scale, pad=pad)
+    common = dict(
+        max_tokens=Tc + 2,
+        heads_per_rank=Hc,
+        nope_dim=nope,
+        rope_dim=rope,
+        rope_style=style,
+        out_dtype=out_dtype,
+        quant_scale=scale,
+        pad_heads_to=pad,
+        device=dev,
+    )
+    return Tc, nopes, pes, pos, cs, r32, r64, common
+
+
 def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto", impls=("triton",)) -> list:
     """For each case, run every path on the same inputs; return per-path comparisons.
 
     Paths: direct raw / roped / exposed (zero-copy) for each direct impl, allgather fused (triton) and
     allgather torch. Each is compared bitwise with the fp32 reference and bounded by the fp64 one.
     """
-    W, dev = dist.get_world_size(), _dev()
+    dev = _dev()
     results = []
     for ci, case in enumerate(cases):
-        nope, rope = case.get("nope", 512), case.get("rope", 64)
-        style, out_dtype, scale, pad = case["style"], case["out"], case.get("scale", 1.0), case.get("pad")
-        Tc, Hc = case.get("T", T), case.get("H", H)
-        cs = _table(case.get("table", "plain"), rope, dev)
-        nopes, pes, pos = make_inputs(
-            1000 + ci,
-            W,
-            Tc,
-            Hc,
-            nope,
-            rope,
-            cs.shape[0],
-            mag=case.get("mag", 1.0),
-            device=dev,
-            specials=case.get("specials", False),
-        )
-        if case.get("pos32"):
-            pos = pos.to(torch.int32)
-        r32, r64 = references(nopes, pes, pos, cs, style=style, out_dtype=out_dtype, scale=scale, pad=pad)
-        me = dist.get_rank()
-        common = dict(
-            max_tokens=Tc + 2,
-            heads_per_rank=Hc,
-            nope_dim=nope,
-            rope_dim=rope,
-            rope_style=style,
-            out_dtype=out_dtype,
-            quant_scale=scale,
-            pad_heads_to=pad,
-            device=dev,
-        )
+        Tc, nopes, pes, pos, cs, r32, r64, common = case_setup(case, 1000 + ci, T, H)
+        me, out_dtype = dist.get_rank(), case["out"]
         outs = {}
         for impl in impls:
             for ex in ("raw", "roped"):
@@ -227,20 +235,14 @@ def one_path(case: dict, impl: str, exchange: str, memory: str, timeout_s: float
     """One direct path (``exchange`` raw | roped | exposed) of :func:`gather_matrix` alone, with a short
     peer timeout: bitwise equality with the fp32 reference, the seconds it took, and any error (so a
     path that stalls is named, instead of a whole matrix running into the test's timeout)."""
-    W, dev, me = dist.get_world_size(), _dev(), dist.get_rank()
-    nope, rope, T, H = case.get("nope", 512), case.get("rope", 64), case["T"], case["H"]
-    cs = _table(case.get("table", "plain"), rope, dev)
-    nopes, pes, pos = make_inputs(2000 + T, W, T, H, nope, rope, cs.shape[0], device=dev)
-    kw = dict(rope_style=case["style"], out_dtype=case["out"], quant_scale=case.get("scale", 1.0))
-    r32, _ = references(nopes, pes, pos, cs, pad=case.get("pad"), style=kw["rope_style"],
-                        out_dtype=kw["out_dtype"], scale=kw["quant_scale"])  # fmt: skip
+    T, nopes, pes, pos, cs, r32, _, common = case_setup(case, 2000 + case["T"])
+    me = dist.get_rank()
     t0 = time.perf_counter()
     err = None
     ok = False
     try:
-        with QueryGather(backend="direct", memory=memory, exchange="raw" if exchange == "exposed" else exchange,
-                         impl=impl, max_tokens=T + 2, heads_per_rank=H, nope_dim=nope, rope_dim=rope,
-                         pad_heads_to=case.get("pad"), timeout_s=timeout_s, device=dev, **kw) as qg:  # fmt: skip
+        ex = "raw" if exchange == "exposed" else exchange
+        with QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, timeout_s=timeout_s, **common) as qg:
             if exchange == "exposed":
                 zn, zp = qg.exposed_shard(T)
                 zn.copy_(nopes[me])
@@ -249,7 +251,7 @@ def one_path(case: dict, impl: str, exchange: str, memory: str, timeout_s: float
             else:
                 out = qg.gather(nopes[me], pes[me], pos, cs, out=poisoned(qg, T))
             qg.check()
-            bits = torch.uint8 if kw["out_dtype"] == FP8 else torch.int16
+            bits = torch.uint8 if case["out"] == FP8 else torch.int16
             ok = bool(torch.equal(out.cpu().view(bits), r32.view(bits)))
     except Exception as e:  # noqa: BLE001 - reported to the test
         err = f"{type(e).__name__}: {e}"

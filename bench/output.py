@@ -18,6 +18,19 @@ sets, device barrier before each replay, per-replay max over ranks, median over 
 Every method's output is first checked against the fp32 reference. Writes ``output.json`` and
 ``output_<geometry>.png`` to ``--out`` and prints the table last, with the ratio of each method to
 SGLang's a2a (our a2a when SGLang is absent) and the targets of DESIGN.md section 9.
+
+``--breakdown`` (instead of the comparison; Kimi geometry, vmm, CUDA graph, same timing method): where the
+CUDA kernel's time goes. For each T and kernel (``ll`` = the default at T <= 8, ``plain``) it times the full
+kernel, each "leave one stage out" variant of the same kernel (``-payload``, ``-lse``, ``-sync`` = no flag
+store and no wait, ``-combine``), ``epoch-only`` (all four left out), ``empty`` (the same grid returning at
+once: launch + drain) and ``empty+tight`` (the grid of only the CTAs with work), the instrumented build with
+nothing left out, and the opt-in variants (``TUNING["cuda_opts"]``: ``+tight``, ``+early``, ``+pdl`` and
+combinations) that may become the default. Every variant is timed in ``--rounds`` rounds (alternating order;
+the minimum of the per-round medians is reported, which removes clock warm-up and order effects). Outputs
+of the variants that leave a stage out are wrong by design and not checked; all others are. It writes
+``output_breakdown.json`` and prints two tables, the last one the difference of each variant to ``full``
+(a left-out stage: full minus variant = what that stage costs on the critical path; an opt-in: variant
+minus full, negative = faster).
 """
 
 from __future__ import annotations
@@ -52,6 +65,23 @@ KERNEL_VARIANTS = {
     "cuda_ll": ("cuda", "max"),
     "triton": ("triton", None),
 }
+# --breakdown: (column, stage mask of peerdcp.output.ops, TUNING["cuda_opts"]); mask None = the default build
+BREAKDOWN_VARIANTS = [
+    ("full", None, ()),
+    ("instrumented", "instrumented", ()),
+    ("-payload", "-payload", ()),
+    ("-lse", "-lse", ()),
+    ("-sync", "-sync", ()),
+    ("-combine", "-combine", ()),
+    ("epoch-only", 15, ()),
+    ("empty", "empty", ()),
+    ("empty+tight", "empty", ("tight_grid",)),
+    ("+tight", None, ("tight_grid",)),
+    ("+early", None, ("early_load",)),
+    ("+tight+early", None, ("tight_grid", "early_load")),
+    ("+pdl", None, ("pdl",)),
+    ("+all", None, ("tight_grid", "early_load", "pdl")),
+]
 TARGETS = {1: 4.5, 128: 10.0}  # µs, Kimi, CUDA graph, slowest rank (direct)
 MIN_SPEEDUP = 2.5  # vs SGLang a2a, T = 1..256
 
@@ -203,6 +233,150 @@ def rank_main(cfg: dict) -> list[dict]:
     return rows
 
 
+def _agree_ok(ok: bool) -> bool:
+    """True on every rank iff ``ok`` on every rank (keeps the ranks in lockstep after a failure)."""
+    import torch.distributed as dist
+
+    flags: list = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(ok))
+    return all(flags)
+
+
+def rank_breakdown(cfg: dict) -> list[dict]:
+    """Stage breakdown and opt-in variants of the CUDA kernel (``--breakdown``); rows for rank 0's table."""
+    import torch.distributed as dist
+
+    import peerdcp
+    from peerdcp.output import ops
+    from peerdcp.output import reducer as R
+    from peerdcp.output.reference import dcp_reduce
+
+    W, rank = dist.get_world_size(), dist.get_rank()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    H, maxT = GEOMETRIES["kimi"], max(cfg["tokens"])
+    ll_default = R.TUNING["cuda_ll_max_tokens"]
+    wanted = [v for v in BREAKDOWN_VARIANTS if v[0] in cfg["variants"]]
+    reducers: dict = {}  # (kernel, opts) -> OutputReducer
+    errors: dict = {}
+    saved = R.TUNING["cuda_opts"]
+    for kern in ("ll", "plain"):
+        for opts in dict.fromkeys(o for _, _, o in wanted):
+            R.TUNING["cuda_opts"] = opts
+            try:
+                red = peerdcp.OutputReducer(
+                    None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory="vmm",
+                    kernel="cuda", device=dev, ll_max_tokens=ll_default if kern == "ll" else 0, timeout_s=5.0,
+                )  # fmt: skip
+                reducers[(kern, opts)] = red
+            except Exception as e:  # noqa: BLE001 - the same on every rank (construction is collective)
+                errors[(kern, opts)] = f"{type(e).__name__}: {e}"
+            finally:
+                R.TUNING["cuda_opts"] = saved
+    any_red = next(iter(reducers.values()))
+    info = dict(
+        programs=any_red.programs,
+        heads_per_unit=any_red._hpu,
+        sms=torch.cuda.get_device_properties(dev).multi_processor_count,
+    )
+    cases = [(t, k) for t in cfg["tokens"] for k in (("ll", "plain") if t <= ll_default else ("plain",))]
+    results: dict = {}  # (T, kernel, variant) -> list of medians over rounds
+    ok_map: dict = {}
+    for T in cfg["tokens"]:
+        sets, ref = [], None
+        for k in range(N_SETS):
+            outs, lses = _inputs(1000 * T + k, W, T, H)
+            sets.append((outs[rank], lses[rank]))
+            if k == 0:
+                ref = dcp_reduce(outs, lses, rank, compute_dtype=torch.float32)
+            del outs, lses
+        jobs = [(kern, v) for (T2, kern) in cases if T2 == T for v in wanted]
+        # warm-up (clocks, JIT, graph pools): one untimed run of the first full variant
+        first = reducers.get((jobs[0][0], ()))
+        if first is not None:
+            time_op(lambda i, r=first: r.reduce(*sets[i % N_SETS]), graph=True, calls=cfg["calls"], iters=5)
+        for rnd in range(cfg["rounds"]):
+            for kern, (name, stage, opts) in jobs if rnd % 2 == 0 else list(reversed(jobs)):
+                red = reducers.get((kern, opts))
+                if red is None:
+                    continue
+                mask = ops.STAGES[stage] if isinstance(stage, str) else (stage or 0)
+                err = None
+                try:
+                    ops._set_breakdown_stages(red, mask)
+                    if rnd == 0 and mask in (0, ops.STAGE_INSTRUMENTED):  # nothing left out: must be right
+                        got = red.reduce(*sets[0]).float()
+                        rel = float((got - ref).norm() / ref.norm())
+                        ok_map[(T, kern, name)] = (rel < 4e-3 and not bool(torch.isnan(got).any()), rel)
+                    us = time_op(
+                        lambda i, r=red: r.reduce(*sets[i % N_SETS]), graph=True, calls=cfg["calls"], iters=cfg["iters"]
+                    )
+                    torch.cuda.synchronize()
+                    red.check()
+                except Exception as e:  # noqa: BLE001 - recorded; every rank then drops this reducer
+                    err = f"{type(e).__name__}: {e}"
+                finally:
+                    try:
+                        ops._set_breakdown_stages(red, 0)
+                    except Exception:  # noqa: BLE001
+                        pass
+                if not _agree_ok(err is None):
+                    errors[(kern, opts)] = err or "failed on another rank"
+                    reducers.pop((kern, opts), None)
+                    continue
+                st = slowest_rank(us)
+                results.setdefault((T, kern, name), []).append(st.median)
+        torch.cuda.synchronize()
+    rows = []
+    for (T, kern, name), meds in results.items():
+        ok, rel = ok_map.get((T, kern, name), (None, None))
+        rows.append(dict(T=T, kernel=kern, variant=name, us=min(meds), rounds=meds, ok=ok, rel_err=rel))
+    for red in reducers.values():
+        red.close()
+    return [
+        dict(
+            rows=rows, errors={f"{k[0]}{'+' if k[1] else ''}{'+'.join(k[1])}": v for k, v in errors.items()}, info=info
+        )
+    ]
+
+
+def _breakdown_tables(res: dict, variants: list[str]) -> str:
+    rows = res["rows"]
+    keys = list(dict.fromkeys((r["T"], r["kernel"]) for r in rows))
+    cell = {(r["T"], r["kernel"], r["variant"]): r for r in rows}
+    abs_rows, diff_rows = [], []
+    for T, kern in keys:
+        a: dict = {"T": T, "kernel": kern}
+        d: dict = {"T": T, "kernel": kern}
+        full = cell.get((T, kern, "full"))
+        for v in variants:
+            c = cell.get((T, kern, v))
+            if c is None:
+                continue
+            bad = c["ok"] is False
+            a[v] = float("nan") if bad else c["us"]
+            if full is not None and v != "full" and not bad:
+                # a left-out stage: what it costs (full - variant); an opt-in or the instrumented build:
+                # variant - full (negative = faster)
+                d[v] = (c["us"] - full["us"]) if (v.startswith("+") or v == "instrumented") else (full["us"] - c["us"])
+            elif v == "full":
+                d[v] = c["us"]
+        abs_rows.append(a)
+        diff_rows.append(d)
+    cols = ["T", "kernel", *[v for v in variants if any(v in r for r in abs_rows)]]
+    info = res.get("info", {})
+    out = [
+        f"stage breakdown, Kimi (16 heads/rank, D {HEAD_DIM}, bf16), vmm, CUDA graph: µs per call, slowest rank, "
+        f"min over rounds of the median; G = {info.get('programs')} CTAs, {info.get('heads_per_unit')} heads/unit, "
+        f"{info.get('sms')} SMs (ll = LL protocol, the default at T <= 8; plain = flag + fence)",
+        format_table(abs_rows, cols),
+        "",
+        "difference to full (µs): -stage / epoch-only / empty columns = full minus variant (the stage's cost on "
+        "the critical path); +opt / instrumented columns = variant minus full (negative = faster); full = µs",
+        format_table(diff_rows, cols),
+    ]
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------------------------------ report
 def _ratios(rows: list[dict]) -> None:
     base_name = "sgl-a2a" if any(r["method"] == "sgl-a2a" for r in rows) else "a2a"
@@ -284,7 +458,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", nargs="+", default=None, choices=list(KERNEL_VARIANTS))
     p.add_argument("--baselines", nargs="+", default=["a2a", "ag_rs"], choices=["a2a", "ag_rs"])
     p.add_argument("--sglang-kernels", default=None, help="path to sglang/kernels/ops/attention/dcp_kernels.py")
+    p.add_argument("--breakdown", action="store_true", help="stage breakdown + opt-in variants of the CUDA kernel")
+    p.add_argument(
+        "--breakdown-variants", nargs="+", default=None, choices=[v[0] for v in BREAKDOWN_VARIANTS],
+        help="columns of --breakdown (default: all; 'full' is always included)",
+    )  # fmt: skip
+    p.add_argument("--rounds", type=int, default=2, help="--breakdown: timing rounds per variant (default 2)")
     a = p.parse_args(argv)
+    if a.breakdown:
+        return _main_breakdown(a)
     if a.quick:
         cfg = dict(
             geometries=a.geometries or ["kimi"], tokens=a.tokens or T_QUICK, modes=a.modes or ["graph"],
@@ -338,6 +520,28 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("\n".join(_verdict(rows)))
     print(f"json: {out / 'output.json'}")
+    return 0
+
+
+def _main_breakdown(a) -> int:
+    variants = ["full", *[v for v in (a.breakdown_variants or [v[0] for v in BREAKDOWN_VARIANTS]) if v != "full"]]
+    cfg = dict(
+        tokens=a.tokens or T_QUICK, iters=a.iters or 30, calls=a.calls or 10, rounds=max(1, a.rounds),
+        variants=variants,
+    )  # fmt: skip
+    hdr = header()
+    res = run_ranks("bench.output:rank_breakdown", a.world, cfg)[0][0]
+    out = Path(a.out)
+    write_json(out / "output_breakdown.json", {"header": hdr, "config": cfg, **res})
+    print(" ".join(f"{k}={v}" for k, v in hdr.items() if k in ("date", "gpu", "torch", "cuda", "driver", "git")))
+    bad = sorted({(r["T"], r["kernel"], r["variant"], r["rel_err"]) for r in res["rows"] if r["ok"] is False})
+    if bad:
+        print("WRONG RESULTS (shown as nan):", bad)
+    if res["errors"]:
+        print("FAILED variants (reducer kernel+opts: error):", res["errors"])
+    print(f"json: {out / 'output_breakdown.json'}")
+    print()
+    print(_breakdown_tables(res, variants))
     return 0
 
 

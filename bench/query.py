@@ -94,6 +94,8 @@ def rank_main(cfg: dict) -> list[dict]:
             out_dtype = torch.float8_e4m3fn if out_name == "fp8" else torch.bfloat16
             objs: dict[str, tuple[QueryGather, dict]] = {}
             for name, kw in _variants(cfg["quick"]):
+                if cfg.get("variants") and name not in cfg["variants"] and name != "allgather-fused":
+                    continue
                 kw = dict(kw)
                 flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only") if k in kw}
                 t0 = time.time()
@@ -169,6 +171,8 @@ def rank_main(cfg: dict) -> list[dict]:
                             )
                         )
                     qg.check()
+                if me == 0 and cfg["verbose"]:
+                    print(f"[H={H} {out_name}] T={T} done ({len(rows)} rows)", flush=True)
             for qg, _ in objs.values():
                 qg.close()
     return rows
@@ -228,7 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, nargs="*", default=None, help="T values (default 1..512)")
     p.add_argument("--dtypes", nargs="*", default=None, choices=["fp8", "bf16"], help="outputs (default both)")
     p.add_argument("--modes", nargs="*", default=None, choices=["graph", "eager"], help="default both")
-    p.add_argument("--verbose", action="store_true", help="print each object's reason")
+    p.add_argument("--verbose", action="store_true", help="print each object's reason and each case's progress")
+    p.add_argument(
+        "--variants", nargs="*", default=None, help="time only these variants (allgather-fused always runs: reference)"
+    )
     args = p.parse_args(argv)
     quick = args.quick
     cfg = {
@@ -241,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         "calls": args.calls or 20,
         "sets": 4,
         "verbose": args.verbose,
+        "variants": args.variants,
     }
     # build the CUDA kernel once here, so the ranks only load it
     from peerdcp.query import ops

@@ -26,6 +26,37 @@
 // For T <= ll_max_tokens the host's launch picks the LL twin (output_direct_ll_kernel, below): flags
 // carried inside the payload words, no fence, no flag round trip.
 //
+// Opt-in variants (`opts`, default 0 = the kernel above; selected per reducer, agreed by every rank):
+//   kOptTightGrid  launch min(G, T*NC) CTAs instead of G. The partition is unchanged (unit u -> CTA u % G,
+//                  p.G stays the modulus), so exactly the CTAs that own a unit run; the idle ones are not
+//                  launched and their epochs do not advance. Why two slots still suffice: every inbox cell
+//                  (flag [slot][p][src], LSE / payload row of a unit) has one writer, CTA p of its source,
+//                  and one reader, CTA p of its destination, with p = u % G fixed for the cell. CTA p runs in
+//                  a call iff T*NC > p, and T is the same on every rank, so epochs[p] counts the same calls on
+//                  every rank (flag values still agree), and the plain argument above holds per CTA over the
+//                  calls in which CTA p runs: A's k-th run of CTA p writes slot k%2 after A's call holding
+//                  its (k-1)-th run completed; that run waited for B's CTA p flag of run k-1, raised in a B
+//                  call that started after B's call holding run k-2 - the last reader of slot k%2 - completed.
+//   kOptEarlyLoad  issue the first round of input loads (payload vectors and LSEs) before the epoch read and
+//                  its barrier, so the epoch, payload and LSE load latencies overlap instead of adding up.
+//                  Inputs only; nothing is stored before the epoch is known, so the protocol is unchanged.
+//   kOptPdl        programmatic dependent launch: the launch carries
+//                  cudaLaunchAttributeProgrammaticStreamSerialization; every CTA first executes
+//                  griddepcontrol.wait (returns once the preceding grid has completed and its memory is
+//                  visible: the same guarantee as stream order, and it precedes every load and store here,
+//                  so the slot argument is unchanged), then griddepcontrol.launch_dependents, so the next
+//                  PDL launch is staged while this one runs. Deadlock freedom: dependents are launched only
+//                  after every CTA of this grid issued the trigger, i.e. all of them are already resident.
+//
+// Stage breakdown (`stages`, benchmark only; 0 in every public path; outputs of a broken variant are
+// garbage): bits remove one stage and whatever waits for it, identically on every rank:
+//   kSkipPayload (payload stores; LL: and the poll on payload words), kSkipLse (LSE stores; LL: and their
+//   poll), kSkipSync (flag store and wait; LL: no poll), kSkipCombine (combine loads and output stores),
+//   kStageEmpty (the CTAs return at once: launch cost of the same grid; epochs untouched),
+//   kStageInstrumented (nothing skipped, but the instrumented build: its cost vs the default build).
+// Any nonzero `stages` runs a separate instantiation; the default build has no stage checks at all.
+// Every wait still has its matching publish, so no mask can time out when all ranks use the same one.
+//
 // C ABI: peerdcp_output_direct(const OutputDirectParams*, cudaStream_t, int device) -> cudaError_t (as int).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,6 +73,16 @@ constexpr int kBlock = 256;     // threads per CTA
 constexpr int kPubUnroll = 4;   // 16-byte loads in flight per thread while publishing
 constexpr int kCombUnroll = 2;  // output vectors per thread per combine round
 constexpr int64_t kTokenSpace = int64_t(1) << 20;
+
+// `stages` bits (benchmark-only breakdown; mirrors peerdcp/output/ops.py STAGE_*)
+constexpr int kSkipPayload = 1, kSkipLse = 2, kSkipSync = 4, kSkipCombine = 8, kStageEmpty = 16,
+              kStageInstrumented = 32;
+constexpr int kStagesAll = kSkipPayload | kSkipLse | kSkipSync | kSkipCombine | kStageEmpty | kStageInstrumented;
+// `opts` bits (opt-in variants; mirrors peerdcp/output/ops.py OPT_*)
+constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4;
+constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl;
+// compile-time kernel variants (template argument kVar): which of the above the instantiation contains
+constexpr int kVarStages = 1, kVarEarly = 2, kVarPdl = 4;
 
 // Mirrors peerdcp/output/ops.py::OutputDirectParams (ctypes). Keep the order and types in sync;
 // peerdcp_output_direct_params_size() lets Python check the size.
@@ -60,7 +101,97 @@ struct OutputDirectParams {
   int32_t T, rank, W, H, D, max_tokens, G, heads_per_unit;
   int32_t base2, mech, dtype;  // dtype: 0 = bf16, 1 = fp16
   int32_t ll_max_tokens;    // calls with T <= this use the LL kernel (0: never)
+  int32_t stages;           // stage-breakdown mask (benchmark only; 0 = the full kernel)
+  int32_t opts;             // opt-in variants (kOpt*; 0 = default)
 };
+
+// griddepcontrol (PTX ISA 7.8, sm_90): programmatic dependent launch.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
+// Work geometry of one call, the same in every CTA (nothing here depends on the epoch).
+struct Geo {
+  int W, H, rank, G, HU, NC, n_units, VH, UV, my_units, nd, per_unit, pub_items, lse_per_unit, lse_items;
+  int64_t HV, WHV;
+};
+
+__device__ __forceinline__ Geo make_geo(const OutputDirectParams& p, int prog) {
+  Geo g;
+  g.W = p.W, g.H = p.H, g.rank = p.rank, g.G = p.G;
+  g.HU = p.heads_per_unit;
+  g.NC = (g.H + g.HU - 1) / g.HU;
+  g.n_units = p.T * g.NC;
+  g.VH = p.D >> 3;                    // 16-byte vectors per head
+  g.UV = g.HU * g.VH;                 // vectors per unit and destination
+  g.HV = int64_t(g.H) * g.VH;         // vectors per (token, source) slice
+  g.WHV = int64_t(g.W) * g.HV;        // vectors per token of partial_out
+  g.my_units = prog < g.n_units ? (g.n_units - 1 - prog) / g.G + 1 : 0;
+  g.nd = g.W - 1;
+  g.per_unit = g.nd * g.UV;
+  g.pub_items = g.my_units * g.per_unit;
+  g.lse_per_unit = g.nd * g.HU;
+  g.lse_items = g.my_units * g.lse_per_unit;
+  return g;
+}
+
+// One publish round of a thread: up to kPubUnroll (unit, destination != rank, vector) items, loaded from
+// the input; d < 0 marks no item. The destination address needs the slot, so it is formed at the store.
+struct PubRound {
+  uint4 v[kPubUnroll];
+  int d[kPubUnroll], t[kPubUnroll];
+  int64_t off[kPubUnroll];  // vector index within the (token, source) slice
+};
+
+__device__ __forceinline__ void pub_load(const OutputDirectParams& p, const Geo& g, int prog, int i0, PubRound& r) {
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+#pragma unroll
+  for (int k = 0; k < kPubUnroll; ++k) {
+    r.d[k] = -1;
+    const int i = i0 + k * kBlock;
+    if (i < g.pub_items) {
+      const int ku = i / g.per_unit;
+      const int rr = i - ku * g.per_unit;
+      const int dj = rr / g.UV;
+      const int vi = rr - dj * g.UV;
+      const int u = prog + ku * g.G;
+      const int t = u / g.NC;
+      const int h0 = (u - t * g.NC) * g.HU;
+      if (vi < min(g.HU, g.H - h0) * g.VH) {
+        const int d = dj + (dj >= g.rank);
+        const int64_t off = int64_t(h0) * g.VH + vi;
+        r.v[k] = __ldg(src + t * g.WHV + d * g.HV + off);
+        r.d[k] = d;
+        r.t[k] = t;
+        r.off[k] = off;
+      }
+    }
+  }
+}
+
+// One LSE item of a thread ((unit, destination, head) item i); d < 0 marks no item.
+struct LseItem {
+  float v;
+  int d, t, h;
+};
+
+__device__ __forceinline__ void lse_load(const OutputDirectParams& p, const Geo& g, int prog, int i, LseItem& it) {
+  it.d = -1;
+  if (i < g.lse_items) {
+    const int ku = i / g.lse_per_unit;
+    const int rr = i - ku * g.lse_per_unit;
+    const int dj = rr / g.HU;
+    const int u = prog + ku * g.G;
+    const int t = u / g.NC;
+    const int h = (u - t * g.NC) * g.HU + (rr - dj * g.HU);
+    if (h < g.H) {
+      const int d = dj + (dj >= g.rank);
+      it.v = p.partial_lse[int64_t(t) * g.W * g.H + d * g.H + h];
+      it.d = d;
+      it.t = t;
+      it.h = h;
+    }
+  }
+}
 
 __device__ __forceinline__ float sanitize(float l) { return (l < INFINITY) ? l : -INFINITY; }  // NaN, +inf -> -inf
 
@@ -123,10 +254,26 @@ __device__ __forceinline__ bool decode_item(const OutputDirectParams& p, int pro
   return true;
 }
 
-template <typename scalar_t, int WMAX>
+template <typename scalar_t, int WMAX, int kVar>
 __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_constant__ OutputDirectParams p) {
+  constexpr bool kEarly = (kVar & kVarEarly) != 0;
+  const int stages = (kVar & kVarStages) ? p.stages : 0;  // the default build has no stage checks
+  if ((kVar & kVarStages) && (stages & kStageEmpty)) return;
+  if constexpr ((kVar & kVarPdl) != 0) {
+    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
+    griddep_launch_dependents();
+  }
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
+  const Geo g = make_geo(p, prog);
+  PubRound pr;
+  LseItem li;
+  if constexpr (kEarly) {  // first-round input loads in flight while the epoch is read
+    if (prog < g.n_units) {
+      pub_load(p, g, prog, tid, pr);
+      lse_load(p, g, prog, tid, li);
+    }
+  }
   __shared__ int64_t s_epoch;
   __shared__ int s_ok;
   if (tid == 0) {
@@ -139,78 +286,46 @@ __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_cons
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);
   const int64_t fv = e * kTokenSpace + p.T;
-  const int W = p.W, H = p.H, rank = p.rank, G = p.G;
-  const int HU = p.heads_per_unit;
-  const int NC = (H + HU - 1) / HU;
-  const int n_units = p.T * NC;
-  if (prog >= n_units) return;  // idle CTA: only the epoch advances (its peers' CTA p is idle too)
+  const int W = g.W, H = g.H, rank = g.rank;
+  const int NC = g.NC, UV = g.UV, VH = g.VH;
+  const int64_t HV = g.HV, WHV = g.WHV;
+  if (prog >= g.n_units) return;  // idle CTA: only the epoch advances (its peers' CTA p is idle too)
 
-  const int VH = p.D >> 3;          // 16-byte vectors per head
-  const int UV = HU * VH;           // vectors per unit and destination
-  const int64_t HV = int64_t(H) * VH;   // vectors per (token, source) slice
-  const int64_t WHV = int64_t(W) * HV;  // vectors per token of partial_out
-  const int my_units = (n_units - 1 - prog) / G + 1;
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
   const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;  // my rows in every destination inbox
 
   // ---- 1. publish payload: (unit, destination != rank, vector) items, kPubUnroll loads in flight
-  const int nd = W - 1;
-  const int per_unit = nd * UV;
-  const int pub_items = my_units * per_unit;
-  for (int i0 = tid; i0 < pub_items; i0 += kBlock * kPubUnroll) {
-    uint4 v[kPubUnroll];
-    uint4* dst[kPubUnroll];
+  if (!(stages & kSkipPayload)) {
+    for (int i0 = tid; i0 < g.pub_items; i0 += kBlock * kPubUnroll) {
+      if (!kEarly || i0 != tid) pub_load(p, g, prog, i0, pr);
 #pragma unroll
-    for (int k = 0; k < kPubUnroll; ++k) {
-      dst[k] = nullptr;
-      const int i = i0 + k * kBlock;
-      if (i < pub_items) {
-        const int ku = i / per_unit;
-        const int r = i - ku * per_unit;
-        const int dj = r / UV;
-        const int vi = r - dj * UV;
-        const int u = prog + ku * G;
-        const int t = u / NC;
-        const int h0 = (u - t * NC) * HU;
-        if (vi < min(HU, H - h0) * VH) {
-          const int d = dj + (dj >= rank);
-          const int64_t off = int64_t(h0) * VH + vi;
-          v[k] = __ldg(src + t * WHV + d * HV + off);
-          dst[k] = reinterpret_cast<uint4*>(p.peer_base[d] + p.payload_off) + (my_row0 + t) * HV + off;
+      for (int k = 0; k < kPubUnroll; ++k) {
+        if (pr.d[k] >= 0) {
+          reinterpret_cast<uint4*>(p.peer_base[pr.d[k]] + p.payload_off)[(my_row0 + pr.t[k]) * HV + pr.off[k]] =
+              pr.v[k];
         }
       }
     }
-#pragma unroll
-    for (int k = 0; k < kPubUnroll; ++k) {
-      if (dst[k] != nullptr) *dst[k] = v[k];
-    }
   }
   // ---- 1b. publish LSE: (unit, destination, head) items
-  const int lse_per_unit = nd * HU;
-  const int lse_items = my_units * lse_per_unit;
-  for (int i = tid; i < lse_items; i += kBlock) {
-    const int ku = i / lse_per_unit;
-    const int r = i - ku * lse_per_unit;
-    const int dj = r / HU;
-    const int u = prog + ku * G;
-    const int t = u / NC;
-    const int h = (u - t * NC) * HU + (r - dj * HU);
-    if (h < H) {
-      const int d = dj + (dj >= rank);
-      float* dl = reinterpret_cast<float*>(p.peer_base[d] + p.lse_off) + (my_row0 + t) * H + h;
-      *dl = p.partial_lse[int64_t(t) * W * H + d * H + h];
+  if (!(stages & kSkipLse)) {
+    for (int i = tid; i < g.lse_items; i += kBlock) {
+      if (!kEarly || i != tid) lse_load(p, g, prog, i, li);
+      if (li.d >= 0) reinterpret_cast<float*>(p.peer_base[li.d] + p.lse_off)[(my_row0 + li.t) * H + li.h] = li.v;
     }
   }
 
   // ---- 2. release-signal every destination: the barrier orders all of the CTA's stores before it
   __syncthreads();
-  if (tid < W && tid != rank) {
-    int64_t* flag = reinterpret_cast<int64_t*>(p.peer_base[tid]) + (int64_t(slot) * G + prog) * W + rank;
+  const bool sync = !(stages & kSkipSync);
+  if (sync && tid < W && tid != rank) {
+    int64_t* flag = reinterpret_cast<int64_t*>(p.peer_base[tid]) + (int64_t(slot) * g.G + prog) * W + rank;
     peerdcp::st_release_sys(flag, fv);
   }
+  if (stages & kSkipCombine) return;
 
   // ---- prefetch this thread's own-source data for the first combine round (overlaps the flag latency)
-  const int comb_items = my_units * UV;
+  const int comb_items = g.my_units * UV;
   float own_l[kCombUnroll];
   uint4 own_v[kCombUnroll];
   int item_t[kCombUnroll], item_h[kCombUnroll], item_j[kCombUnroll];
@@ -229,9 +344,13 @@ __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_cons
 
   // ---- 3. bounded acquire wait for every source's CTA p
   if (tid < W && tid != rank) {
-    const int64_t* flag =
-        reinterpret_cast<const int64_t*>(p.peer_base[rank]) + (int64_t(slot) * G + prog) * W + tid;
-    if (peerdcp::wait_equal_sys(flag, fv, p.timeout_ns, p.err, rank, tid, p.mech)) atomicOr(&s_ok, 1 << tid);
+    if (!sync) {
+      atomicOr(&s_ok, 1 << tid);  // breakdown without signal+wait: read the inbox as it is
+    } else {
+      const int64_t* flag =
+          reinterpret_cast<const int64_t*>(p.peer_base[rank]) + (int64_t(slot) * g.G + prog) * W + tid;
+      if (peerdcp::wait_equal_sys(flag, fv, p.timeout_ns, p.err, rank, tid, p.mech)) atomicOr(&s_ok, 1 << tid);
+    }
   }
   __syncthreads();
   const int ok = s_ok;  // a source whose wait timed out counts as empty (the host raises at the next call)
@@ -272,10 +391,26 @@ __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_cons
 // bytes on the wire, so it pays only for small T (the host picks it for T <= ll_max_tokens).
 // Two slots suffice by the plain kernel's argument; LL and plain calls use separate regions, and the
 // argument holds per region (the last reader of a region slot finished before the writer's previous call).
-template <typename scalar_t, int WMAX>
+template <typename scalar_t, int WMAX, int kVar>
 __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_constant__ OutputDirectParams p) {
+  constexpr bool kEarly = (kVar & kVarEarly) != 0;
+  const int stages = (kVar & kVarStages) ? p.stages : 0;  // the default build has no stage checks
+  if ((kVar & kVarStages) && (stages & kStageEmpty)) return;
+  if constexpr ((kVar & kVarPdl) != 0) {
+    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
+    griddep_launch_dependents();
+  }
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
+  const Geo g = make_geo(p, prog);
+  PubRound pr;
+  LseItem li;
+  if constexpr (kEarly) {  // first-round input loads in flight while the epoch is read
+    if (prog < g.n_units) {
+      pub_load(p, g, prog, tid, pr);
+      lse_load(p, g, prog, tid, li);
+    }
+  }
   __shared__ int64_t s_epoch;
   if (tid == 0) {
     const int64_t e = p.epochs[prog] + 1;
@@ -286,82 +421,57 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);
   const uint32_t f = static_cast<uint32_t>(2 * e + 1);
-  const int W = p.W, H = p.H, rank = p.rank, G = p.G;
-  const int HU = p.heads_per_unit;
-  const int NC = (H + HU - 1) / HU;
-  const int n_units = p.T * NC;
-  if (prog >= n_units) return;
-  const int VH = p.D >> 3;
-  const int UV = HU * VH;
-  const int64_t HV = int64_t(H) * VH;
-  const int64_t WHV = int64_t(W) * HV;
+  const int W = g.W, H = g.H, rank = g.rank;
+  const int NC = g.NC, UV = g.UV, VH = g.VH;
+  const int64_t HV = g.HV, WHV = g.WHV;
+  if (prog >= g.n_units) return;
   const int64_t rowLL = int64_t(H) * (p.D >> 1) + H + (H & 1);  // 8-byte LL words per (slot, src, token)
-  const int my_units = (n_units - 1 - prog) / G + 1;
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
   const int64_t my_row0 = int64_t(slot * W + rank) * p.ll_max_tokens;
 
-  // ---- publish payload lines
-  const int nd = W - 1;
-  const int per_unit = nd * UV;
-  const int pub_items = my_units * per_unit;
-  for (int i0 = tid; i0 < pub_items; i0 += kBlock * kPubUnroll) {
-    uint4 v[kPubUnroll];
-    uint4* dst[kPubUnroll];
+  // ---- publish payload lines: vector off = 4 data words = 2 lines (16 B) of the LL row
+  if (!(stages & kSkipPayload)) {
+    for (int i0 = tid; i0 < g.pub_items; i0 += kBlock * kPubUnroll) {
+      if (!kEarly || i0 != tid) pub_load(p, g, prog, i0, pr);
 #pragma unroll
-    for (int k = 0; k < kPubUnroll; ++k) {
-      dst[k] = nullptr;
-      const int i = i0 + k * kBlock;
-      if (i < pub_items) {
-        const int ku = i / per_unit;
-        const int r = i - ku * per_unit;
-        const int dj = r / UV;
-        const int vi = r - dj * UV;
-        const int u = prog + ku * G;
-        const int t = u / NC;
-        const int h0 = (u - t * NC) * HU;
-        if (vi < min(HU, H - h0) * VH) {
-          const int d = dj + (dj >= rank);
-          const int64_t off = int64_t(h0) * VH + vi;  // vector index within the (token, source) slice
-          v[k] = __ldg(src + t * WHV + d * HV + off);
-          // vector off = 4 data words = 2 lines (16 B) of the LL row
-          dst[k] = reinterpret_cast<uint4*>(reinterpret_cast<uint2*>(p.peer_base[d] + p.ll_off) + (my_row0 + t) * rowLL) +
-                   2 * off;
+      for (int k = 0; k < kPubUnroll; ++k) {
+        if (pr.d[k] >= 0) {
+          uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<uint2*>(p.peer_base[pr.d[k]] + p.ll_off) +
+                                                (my_row0 + pr.t[k]) * rowLL) +
+                       2 * pr.off[k];
+          peerdcp::st_volatile_v4(dst, pr.v[k].x, f, pr.v[k].y, f);
+          peerdcp::st_volatile_v4(dst + 1, pr.v[k].z, f, pr.v[k].w, f);
         }
       }
     }
-#pragma unroll
-    for (int k = 0; k < kPubUnroll; ++k) {
-      if (dst[k] != nullptr) {
-        peerdcp::st_volatile_v4(dst[k], v[k].x, f, v[k].y, f);
-        peerdcp::st_volatile_v4(dst[k] + 1, v[k].z, f, v[k].w, f);
-      }
-    }
   }
-  const int lse_per_unit = nd * HU;
-  const int lse_items = my_units * lse_per_unit;
-  for (int i = tid; i < lse_items; i += kBlock) {
-    const int ku = i / lse_per_unit;
-    const int r = i - ku * lse_per_unit;
-    const int dj = r / HU;
-    const int u = prog + ku * G;
-    const int t = u / NC;
-    const int h = (u - t * NC) * HU + (r - dj * HU);
-    if (h < H) {
-      const int d = dj + (dj >= rank);
-      uint2* dl = reinterpret_cast<uint2*>(p.peer_base[d] + p.ll_off) + (my_row0 + t) * rowLL + int64_t(H) * (p.D >> 1) + h;
-      peerdcp::st_volatile_v2(dl, __float_as_uint(p.partial_lse[int64_t(t) * W * H + d * H + h]), f);
+  if (!(stages & kSkipLse)) {
+    for (int i = tid; i < g.lse_items; i += kBlock) {
+      if (!kEarly || i != tid) lse_load(p, g, prog, i, li);
+      if (li.d >= 0) {
+        uint2* dl = reinterpret_cast<uint2*>(p.peer_base[li.d] + p.ll_off) + (my_row0 + li.t) * rowLL +
+                    int64_t(H) * (p.D >> 1) + li.h;
+        peerdcp::st_volatile_v2(dl, __float_as_uint(li.v), f);
+      }
     }
   }
 
   // ---- combine: own data from the input, the others polled out of the LL lines (bounded)
-  const int comb_items = my_units * UV;
+  // (breakdown: a skipped stage is neither published nor polled; kSkipSync reads each line once)
+  const bool poll_pay = !(stages & kSkipPayload), poll_lse = !(stages & kSkipLse), poll = !(stages & kSkipSync);
+  const bool do_combine = !(stages & kSkipCombine);
+  const int comb_items = g.my_units * UV;
   const uint2* in_ll = reinterpret_cast<const uint2*>(p.peer_base[rank] + p.ll_off);
   int dead = 0;  // sources this thread already gave up on: one timeout per source, not one per item
   for (int i = tid; i < comb_items; i += kBlock) {
     int t, h, j;
     if (!decode_item(p, prog, NC, UV, comb_items, i, t, h, j)) continue;
-    const float own_l = __ldg(p.partial_lse + int64_t(t) * W * H + rank * H + h);
-    const uint4 own_v = __ldg(src + t * WHV + rank * HV + int64_t(h) * VH + j);
+    float own_l = 0.f;
+    uint4 own_v = make_uint4(0, 0, 0, 0);
+    if (do_combine) {
+      own_l = __ldg(p.partial_lse + int64_t(t) * W * H + rank * H + h);
+      own_v = __ldg(src + t * WHV + rank * HV + int64_t(h) * VH + j);
+    }
     float l[WMAX];
     uint4 x[WMAX];
 #pragma unroll
@@ -370,9 +480,15 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
         const uint2* row = in_ll + (int64_t(slot * W + s) * p.ll_max_tokens + t) * rowLL;
         const uint4* line = reinterpret_cast<const uint4*>(row) + 2 * (int64_t(h) * VH + j);
         const uint2* lw = row + int64_t(H) * (p.D >> 1) + h;
+        auto arrived = [&](const uint4& a, const uint4& b, const uint2& c) {
+          if (kVar & kVarStages) {
+            return !poll || ((!poll_pay || (a.y == f && a.w == f && b.y == f && b.w == f)) && (!poll_lse || c.y == f));
+          }
+          return a.y == f && a.w == f && b.y == f && b.w == f && c.y == f;
+        };
         uint4 a = peerdcp::ld_volatile_v4(line), b = peerdcp::ld_volatile_v4(line + 1);
         uint2 c = peerdcp::ld_volatile_v2(lw);
-        bool ready = a.y == f && a.w == f && b.y == f && b.w == f && c.y == f;
+        bool ready = arrived(a, b, c);
         if (!ready && !((dead >> s) & 1)) {
           const uint64_t t0 = peerdcp::global_timer_ns();
           int spins = 0;
@@ -380,7 +496,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
             a = peerdcp::ld_volatile_v4(line);
             b = peerdcp::ld_volatile_v4(line + 1);
             c = peerdcp::ld_volatile_v2(lw);
-            ready = a.y == f && a.w == f && b.y == f && b.w == f && c.y == f;
+            ready = arrived(a, b, c);
             if (!ready && ++spins == 64) {
               spins = 0;
               if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
@@ -395,40 +511,100 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
         x[s] = ready ? make_uint4(a.x, a.z, b.x, b.z) : make_uint4(0, 0, 0, 0);
       }
     }
-    combine_store<scalar_t, WMAX>(p, own_l, own_v, l, x, t, h, j);
+    if (do_combine) combine_store<scalar_t, WMAX>(p, own_l, own_v, l, x, t, h, j);
   }
 }
 
-template <typename scalar_t, int WMAX>
-void launch_w(const OutputDirectParams& p, cudaStream_t stream) {
-  const dim3 grid(p.G), block(kBlock);
-  if (p.T <= p.ll_max_tokens) {
-    output_direct_ll_kernel<scalar_t, WMAX><<<grid, block, 0, stream>>>(p);
+// Launch one instantiation: with PDL through cudaLaunchKernelEx (capturable: a programmatic graph edge).
+template <int kVar>
+cudaError_t launch_one(void (*kernel)(const OutputDirectParams), int grid, const OutputDirectParams& p,
+                       cudaStream_t stream) {
+  if constexpr ((kVar & kVarPdl) == 0) {
+    kernel<<<dim3(grid), dim3(kBlock), 0, stream>>>(p);
+    return cudaSuccess;
   } else {
-    output_direct_kernel<scalar_t, WMAX><<<grid, block, 0, stream>>>(p);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kBlock);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
+  }
+}
+
+template <typename scalar_t, int WMAX, int kVar>
+cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
+  int grid = p.G;
+  if (p.opts & kOptTightGrid) {  // only the CTAs that own a unit (see kOptTightGrid above)
+    const int64_t n_units = int64_t(p.T) * ((p.H + p.heads_per_unit - 1) / p.heads_per_unit);
+    grid = n_units < p.G ? static_cast<int>(n_units) : p.G;
+  }
+  if (p.T <= p.ll_max_tokens) return launch_one<kVar>(output_direct_ll_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
+  return launch_one<kVar>(output_direct_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
+}
+
+// The compile-time variant for a call: the stage-instrumented build for any nonzero `stages` (no opt-in
+// kernel changes with it), else the early-load / PDL combination of `opts` (0: the default build).
+inline int kernel_var(const OutputDirectParams& p) {
+  if (p.stages != 0) return kVarStages;
+  return ((p.opts & kOptEarlyLoad) ? kVarEarly : 0) | ((p.opts & kOptPdl) ? kVarPdl : 0);
+}
+
+template <typename scalar_t, int WMAX>
+cudaError_t launch_w(const OutputDirectParams& p, cudaStream_t stream) {
+  switch (kernel_var(p)) {
+    case 0: return launch_var<scalar_t, WMAX, 0>(p, stream);
+    case kVarStages: return launch_var<scalar_t, WMAX, kVarStages>(p, stream);
+    case kVarEarly: return launch_var<scalar_t, WMAX, kVarEarly>(p, stream);
+    case kVarPdl: return launch_var<scalar_t, WMAX, kVarPdl>(p, stream);
+    default: return launch_var<scalar_t, WMAX, kVarEarly | kVarPdl>(p, stream);
   }
 }
 
 template <typename scalar_t>
 cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
+  cudaError_t err;
   if (p.W <= 2) {
-    launch_w<scalar_t, 2>(p, stream);
+    err = launch_w<scalar_t, 2>(p, stream);
   } else if (p.W <= 4) {
-    launch_w<scalar_t, 4>(p, stream);
+    err = launch_w<scalar_t, 4>(p, stream);
   } else {
-    launch_w<scalar_t, 8>(p, stream);
+    err = launch_w<scalar_t, 8>(p, stream);
   }
-  return cudaGetLastError();
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-template <typename scalar_t, int WMAX>
-int blocks_per_sm_w() {
+template <typename scalar_t, int WMAX, int kVar>
+int blocks_per_sm_var() {
   int a = 0, b = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX>, kBlock, 0) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, output_direct_ll_kernel<scalar_t, WMAX>, kBlock, 0) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, output_direct_ll_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
+          cudaSuccess) {
     return 0;
   }
   return a < b ? a : b;
+}
+
+template <typename scalar_t, int WMAX>
+int blocks_per_sm_w(int var) {
+  switch (var) {
+    case 0: return blocks_per_sm_var<scalar_t, WMAX, 0>();
+    case kVarStages: return blocks_per_sm_var<scalar_t, WMAX, kVarStages>();
+    case kVarEarly: return blocks_per_sm_var<scalar_t, WMAX, kVarEarly>();
+    case kVarPdl: return blocks_per_sm_var<scalar_t, WMAX, kVarPdl>();
+    default: return blocks_per_sm_var<scalar_t, WMAX, kVarEarly | kVarPdl>();
+  }
+}
+
+template <typename scalar_t>
+int blocks_per_sm_t(int W, int var) {
+  return W <= 2 ? blocks_per_sm_w<scalar_t, 2>(var) : W <= 4 ? blocks_per_sm_w<scalar_t, 4>(var) : blocks_per_sm_w<scalar_t, 8>(var);
 }
 
 }  // namespace
@@ -443,8 +619,19 @@ extern "C" int peerdcp_output_direct_block() { return kBlock; }
 // need not follow torch's, so every entry point sets it (cheap; allowed during graph capture).
 extern "C" int peerdcp_output_direct_blocks_per_sm(int W, int dtype, int device) {
   if (cudaSetDevice(device) != cudaSuccess) return 0;
-  if (dtype == 0) return W <= 2 ? blocks_per_sm_w<__nv_bfloat16, 2>() : W <= 4 ? blocks_per_sm_w<__nv_bfloat16, 4>() : blocks_per_sm_w<__nv_bfloat16, 8>();
-  return W <= 2 ? blocks_per_sm_w<__half, 2>() : W <= 4 ? blocks_per_sm_w<__half, 4>() : blocks_per_sm_w<__half, 8>();
+  return dtype == 0 ? blocks_per_sm_t<__nv_bfloat16>(W, 0) : blocks_per_sm_t<__half>(W, 0);
+}
+
+// The same for the instantiation a call with (`stages`, `opts`) runs, minimum with the default build's.
+extern "C" int peerdcp_output_direct_blocks_per_sm_variant(int W, int dtype, int device, int stages, int opts) {
+  if (cudaSetDevice(device) != cudaSuccess) return 0;
+  OutputDirectParams q = {};
+  q.stages = stages;
+  q.opts = opts;
+  const int var = kernel_var(q);
+  const int a = dtype == 0 ? blocks_per_sm_t<__nv_bfloat16>(W, 0) : blocks_per_sm_t<__half>(W, 0);
+  const int b = dtype == 0 ? blocks_per_sm_t<__nv_bfloat16>(W, var) : blocks_per_sm_t<__half>(W, var);
+  return a < b ? a : b;
 }
 
 // The parameter block is passed as void*: OutputDirectParams lives in an unnamed namespace, and a
@@ -452,7 +639,9 @@ extern "C" int peerdcp_output_direct_blocks_per_sm(int W, int dtype, int device)
 extern "C" int peerdcp_output_direct(const void* params, void* stream, int device) {
   const OutputDirectParams* p = static_cast<const OutputDirectParams*>(params);
   if (p == nullptr || p->W < 2 || p->W > kMaxWorld || p->rank < 0 || p->rank >= p->W || p->G < 1 || p->T < 1 ||
-      p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens) {
+      p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens ||
+      (p->stages & ~kStagesAll) != 0 || (p->opts & ~kOptsAll) != 0 ||
+      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl)) != 0)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const cudaError_t dev_err = cudaSetDevice(device);

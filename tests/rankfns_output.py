@@ -250,7 +250,7 @@ def graph_replays(config: dict, replays: int, t_big: int, t_small: int, n_sets: 
     barrier, no host sync). Every replay is compared on the GPU with its fp32 reference; returns counts."""
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
-    with peerdcp.OutputReducer(None, device=dev, **config) as red:
+    with peerdcp.OutputReducer(None, **dict(config, device=dev)) as red:  # the baselines' config names "cuda"
         H, D, dt, base = red.heads, red.head_dim, red.dtype, red.lse_base
         sets = []
         for k in range(n_sets):
@@ -316,4 +316,61 @@ def cuda_triton_twins(memory: str, cases: list[int], seed: int) -> list[dict]:
         rc.check()
         rt.check()
         res.append({"kernels": (rc.kernel, rt.kernel), "programs": (rc.programs, rt.programs)})
+    return res
+
+
+def with_cuda_opts(cuda_opts, fn_name: str, *args):
+    """Run ``fn_name(*args)`` of this module with ``TUNING["cuda_opts"] = cuda_opts`` (restored after)."""
+    from peerdcp.output import reducer as R
+
+    saved = R.TUNING["cuda_opts"]
+    R.TUNING["cuda_opts"] = cuda_opts
+    try:
+        return globals()[fn_name](*args)
+    finally:
+        R.TUNING["cuda_opts"] = saved
+
+
+def construct_with_opts(config: dict, cuda_opts) -> dict:
+    """Construct under ``TUNING["cuda_opts"] = cuda_opts``: the error ('Type: message') or the attributes."""
+    from peerdcp.output import reducer as R
+
+    saved = R.TUNING["cuda_opts"]
+    R.TUNING["cuda_opts"] = cuda_opts
+    try:
+        with peerdcp.OutputReducer(None, **config) as red:
+            return {"kernel": red.kernel, "cuda_opts": red.cuda_opts, "reason": red.reason}
+    except (TypeError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        R.TUNING["cuda_opts"] = saved
+
+
+def breakdown_then_full(config: dict, T: int, seed: int) -> dict:
+    """GPU: every stage-breakdown mask for a few calls (outputs ignored), then full calls again: they must
+    be right and no wait may have timed out (the masks keep the ranks' protocol state consistent). The
+    instrumented build with nothing left out must be right too."""
+    from peerdcp.output import ops
+
+    W, rank = dist.get_world_size(), dist.get_rank()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    res = {}
+    with peerdcp.OutputReducer(None, device=dev, **config) as red:
+        H, D, dt = red.heads, red.head_dim, red.dtype
+        outs, lses = gpu_inputs(seed, W, T, H, D, dt)
+        ref, _ = _ref32(outs, lses, rank, red.lse_base)
+        for name, mask in [*ops.STAGES.items(), ("epoch-only", 15), ("full", 0)]:
+            ops._set_breakdown_stages(red, mask)
+            for _ in range(5):
+                got = red.reduce(outs[rank], lses[rank])
+            torch.cuda.synchronize()
+            dist.barrier()
+            if mask in (0, ops.STAGE_INSTRUMENTED):
+                err = float((got.float() - ref).norm() / ref.norm())
+                res[name] = err < 4e-3 and not bool(torch.isnan(got).any())
+        ops._set_breakdown_stages(red, 0)
+        red.check()
+        got = red.reduce(outs[rank], lses[rank])
+        res["after"] = float((got.float() - ref).norm() / ref.norm()) < 4e-3
+        red.check()
     return res

@@ -232,7 +232,8 @@ def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto
 
 
 def one_path(case: dict, impl: str, exchange: str, memory: str, timeout_s: float = 5.0) -> dict:
-    """One direct path (``exchange`` raw | roped | exposed) of :func:`gather_matrix` alone, with a short
+    """One path (``exchange`` raw | roped | exposed, or ``allgather`` with impl triton | torch) of
+    :func:`gather_matrix` alone, with a short
     peer timeout: bitwise equality with the fp32 reference, the seconds it took, and any error (so a
     path that stalls is named, instead of a whole matrix running into the test's timeout)."""
     T, nopes, pes, pos, cs, r32, _, common = case_setup(case, 2000 + case["T"])
@@ -241,8 +242,12 @@ def one_path(case: dict, impl: str, exchange: str, memory: str, timeout_s: float
     err = None
     ok = False
     try:
-        ex = "raw" if exchange == "exposed" else exchange
-        with QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, timeout_s=timeout_s, **common) as qg:
+        if exchange == "allgather":  # impl triton | torch
+            ctx = QueryGather(backend="allgather", impl=impl, **common)
+        else:
+            ex = "raw" if exchange == "exposed" else exchange
+            ctx = QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, timeout_s=timeout_s, **common)
+        with ctx as qg:
             if exchange == "exposed":
                 zn, zp = qg.exposed_shard(T)
                 zn.copy_(nopes[me])

@@ -39,8 +39,11 @@ def test_gpu_byte_identical_all_paths(gpool, memory):
         fns.check_matrix(r, names, memory, impls=("cuda", "triton"))
 
 
-@pytest.mark.parametrize("exchange", ["raw", "roped", "exposed"])
-@pytest.mark.parametrize("impl", ["cuda", "triton"])
+@pytest.mark.parametrize(
+    "impl,exchange",
+    [(i, e) for i in ("cuda", "triton") for e in ("raw", "roped", "exposed")]
+    + [("triton", "allgather"), ("torch", "allgather")],
+)
 def test_gpu_each_path_T256_H32(gpool, impl, exchange):
     """The matrix's largest case path by path with a 5 s peer timeout, so a stalled path is named (the
     whole matrix did not finish on 2026-11-30 while each of its other cases was byte-identical)."""

@@ -16,10 +16,41 @@ import torch
 
 from ..jit import load as load_jit
 
-__all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct"]
+__all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct", "OPTS"]
 
 MAX_WORLD = 8
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
+
+# Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output_direct.cu). The default is
+# none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
+OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4}
+
+# Stage-breakdown bits (``stages``; benchmark only, never set by a public path; outputs are garbage).
+STAGE_SKIP_PAYLOAD = 1
+STAGE_SKIP_LSE = 2
+STAGE_SKIP_SYNC = 4
+STAGE_SKIP_COMBINE = 8
+STAGE_EMPTY = 16
+STAGE_INSTRUMENTED = 32
+STAGES = {
+    "instrumented": STAGE_INSTRUMENTED,  # nothing skipped, the instrumented build (its cost vs the default)
+    "-payload": STAGE_SKIP_PAYLOAD,
+    "-lse": STAGE_SKIP_LSE,
+    "-sync": STAGE_SKIP_SYNC,
+    "-combine": STAGE_SKIP_COMBINE,
+    "empty": STAGE_EMPTY,
+}
+_STAGES_ALL = 63
+
+
+def opts_mask(names) -> int:
+    """``opts`` bits of the variant names (a subset of :data:`OPTS`); ValueError names an unknown one."""
+    mask = 0
+    for n in names:
+        if n not in OPTS:
+            raise ValueError(f"unknown CUDA kernel option {n!r}; expected a subset of {tuple(OPTS)}")
+        mask |= OPTS[n]
+    return mask
 
 
 class OutputDirectParams(ctypes.Structure):
@@ -49,6 +80,8 @@ class OutputDirectParams(ctypes.Structure):
         ("mech", ctypes.c_int32),
         ("dtype", ctypes.c_int32),
         ("ll_max_tokens", ctypes.c_int32),
+        ("stages", ctypes.c_int32),
+        ("opts", ctypes.c_int32),
     ]
 
 
@@ -60,6 +93,8 @@ def library() -> ctypes.CDLL:
     lib.peerdcp_output_direct.restype = ctypes.c_int
     lib.peerdcp_output_direct_blocks_per_sm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.peerdcp_output_direct_blocks_per_sm.restype = ctypes.c_int
+    lib.peerdcp_output_direct_blocks_per_sm_variant.argtypes = [ctypes.c_int] * 5
+    lib.peerdcp_output_direct_blocks_per_sm_variant.restype = ctypes.c_int
     size = lib.peerdcp_output_direct_params_size()
     if size != ctypes.sizeof(OutputDirectParams):
         raise RuntimeError(
@@ -73,9 +108,14 @@ def cuda_block() -> int:
     return int(library().peerdcp_output_direct_block())
 
 
-def blocks_per_sm(world_size: int, dtype: torch.dtype, device: int) -> int:
-    """Co-resident CTAs of the kernel per SM on ``device`` (for the deadlock-free grid bound); 0 on error."""
-    return int(library().peerdcp_output_direct_blocks_per_sm(world_size, _DTYPE_CODE[dtype], device))
+def blocks_per_sm(world_size: int, dtype: torch.dtype, device: int, *, stages: int = 0, opts: int = 0) -> int:
+    """Co-resident CTAs of the kernel per SM on ``device`` (for the deadlock-free grid bound); 0 on error.
+    With ``stages`` / ``opts``: the minimum of the default build and the instantiation those select."""
+    if stages == 0 and opts == 0:
+        return int(library().peerdcp_output_direct_blocks_per_sm(world_size, _DTYPE_CODE[dtype], device))
+    return int(
+        library().peerdcp_output_direct_blocks_per_sm_variant(world_size, _DTYPE_CODE[dtype], device, stages, opts)
+    )
 
 
 def _check(err: int) -> None:
@@ -107,6 +147,7 @@ class DirectLauncher:
         device: int,
         ll_off: int = 0,
         ll_max_tokens: int = 0,
+        opts: int = 0,
     ) -> None:
         self._lib = library()
         self._device = ctypes.c_int(device)
@@ -120,6 +161,8 @@ class DirectLauncher:
         p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
         p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
         p.base2, p.mech, p.dtype = int(base2), mech, _DTYPE_CODE[dtype]
+        p.opts = opts
+        p.stages = 0  # only _set_stages (benchmark) changes it
         self._p = p
         self._pp = ctypes.byref(p)
         self._epochs = epochs  # keep alive
@@ -135,6 +178,37 @@ class DirectLauncher:
         p.T = partial_out.shape[0]
         stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
+
+    @property
+    def stages(self) -> int:
+        return int(self._p.stages)
+
+    def _set_stages(self, stages: int) -> None:
+        """Benchmark only (see :func:`_set_breakdown_stages`): later launches (and captures) use ``stages``."""
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages & ~_STAGES_ALL:
+            raise ValueError(f"stages must be an int mask of the STAGE_* bits (0..{_STAGES_ALL}), got {stages!r}")
+        if stages and self._p.opts & (OPTS["early_load"] | OPTS["pdl"]):
+            raise ValueError("the stage breakdown runs the default kernel: not with opts early_load / pdl")
+        self._p.stages = stages
+
+
+def _set_breakdown_stages(reducer, stages: int) -> int:
+    """BENCHMARK ONLY: make ``reducer``'s later CUDA launches skip the stages in ``stages`` (STAGE_* bits;
+    0 restores the full kernel); returns the previous mask. Outputs are wrong while it is nonzero, and every
+    rank must set the same mask before the same calls (a rank that waits for a stage its peer skipped would
+    time out). Not reachable from the public API: no constructor argument, no TUNING key, not in __all__;
+    CUDA graphs captured meanwhile keep the mask they were captured with."""
+    launcher = getattr(reducer, "_launch_cuda", None)
+    if getattr(reducer, "kernel", None) != "cuda" or launcher is None:
+        raise ValueError("the stage breakdown needs an OutputReducer with backend='direct' and kernel='cuda'")
+    prev = launcher.stages
+    if stages:
+        per_sm = blocks_per_sm(reducer.world_size, reducer.dtype, reducer.device.index, stages=stages)
+        sms = torch.cuda.get_device_properties(reducer.device).multi_processor_count
+        if per_sm * sms < reducer.programs:
+            raise ValueError(f"the instrumented kernel fits {per_sm} CTAs per SM: fewer than the reducer's grid")
+    launcher._set_stages(stages)
+    return prev
 
 
 @torch.library.custom_op("peerdcp::output_direct", mutates_args=("out", "out_lse", "epochs"), device_types="cuda")
@@ -158,9 +232,11 @@ def output_direct(
     mech: int,
     ll_off: int,
     ll_max_tokens: int,
+    opts: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
-    with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller."""
+    with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
+    ``opts``: the reducer's opt-in kernel variants (:data:`OPTS` bits; 0 = default)."""
     launcher = DirectLauncher(
         peer_addrs=list(peer_addrs),
         epochs=epochs,
@@ -180,6 +256,7 @@ def output_direct(
         device=out.device.index,
         ll_off=ll_off,
         ll_max_tokens=ll_max_tokens,
+        opts=opts,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -187,6 +264,6 @@ def output_direct(
 @output_direct.register_fake
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
-    max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens,
+    max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
 ) -> None:  # fmt: skip
     return None

@@ -64,7 +64,13 @@ TUNING = {
     "triton_unit_elems_cpu": 32,  # ... under the interpreter (tiny test shapes)
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
+    # CUDA kernel opt-in variants, read at construction and agreed by every rank (names of ops.OPTS):
+    # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
+    # "pdl" (programmatic dependent launch). Default none; bench/output.py measures them against it.
+    "cuda_opts": (),
 }
+
+_CUDA_OPTS = ("tight_grid", "early_load", "pdl")  # = peerdcp.output.ops.OPTS (ops imports the CUDA build)
 
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -167,7 +173,16 @@ class OutputReducer:
         if backend == "direct" and info.world_size < 2:
             problems.append((ValueError, "backend='direct' needs a group of at least 2 ranks"))
         ll = TUNING["cuda_ll_max_tokens"] if ll_max_tokens is None else ll_max_tokens
-        geometry = (max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll)
+        cuda_opts = TUNING["cuda_opts"]
+        if not isinstance(cuda_opts, (tuple, list, set, frozenset)) or not all(o in _CUDA_OPTS for o in cuda_opts):
+            problems.append(
+                (ValueError, f"TUNING['cuda_opts'] must be a tuple of names from {_CUDA_OPTS}, got {cuda_opts!r}")
+            )
+            cuda_opts = ()
+        cuda_opts = tuple(sorted(set(cuda_opts)))
+        geometry = (
+            max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll, cuda_opts,
+        )  # fmt: skip
         gathered = all_gather_object(info, (problems and [m for _, m in problems], geometry))
         if problems:
             exc_type = problems[0][0] if all(t is problems[0][0] for t, _ in problems) else ValueError
@@ -177,7 +192,7 @@ class OutputReducer:
             raise ValueError("OutputReducer: invalid arguments on " + "; ".join(f"rank {r}: {p}" for r, p in others))
         names = (
             "max_tokens", "heads_per_rank", "head_dim", "dtype", "backend", "memory", "lse_base", "kernel", "programs",
-            "ll_max_tokens",
+            "ll_max_tokens", "TUNING['cuda_opts']",
         )  # fmt: skip
         diff = [n for i, n in enumerate(names) if len({g[1][i] for g in gathered}) != 1]
         if diff:
@@ -208,12 +223,13 @@ class OutputReducer:
             else:
                 self.backend, self.memory = "direct", kind
                 self.reason = f"direct over {kind} memory" + (f" ({why})" if why else "")
+        self.cuda_opts: tuple[str, ...] = ()
         if self.backend == "direct":
-            self._setup_direct(kernel, programs, ll)
+            self._setup_direct(kernel, programs, ll, cuda_opts)
         self._closed = False
 
     # ------------------------------------------------------------------------------------ setup
-    def _setup_direct(self, kernel: str, programs: int | None, ll_max_tokens: int) -> None:
+    def _setup_direct(self, kernel: str, programs: int | None, ll_max_tokens: int, cuda_opts: tuple = ()) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
         err: BaseException | None = None
@@ -235,7 +251,7 @@ class OutputReducer:
 
                     try:
                         with torch.cuda.device(dev):
-                            per_sm = ops.blocks_per_sm(W, self.dtype, dev.index)
+                            per_sm = ops.blocks_per_sm(W, self.dtype, dev.index, opts=ops.opts_mask(cuda_opts))
                             block = ops.cuda_block()
                         if per_sm < 1:
                             raise RuntimeError("the CUDA kernel cannot be resident on this device")
@@ -279,9 +295,17 @@ class OutputReducer:
             target = TUNING["triton_unit_elems_gpu"] if gpu else TUNING["triton_unit_elems_cpu"]
             self._hpu = K.heads_per_unit(self.heads, self.head_dim, target)
         self.ll_max_tokens = min(ll_max_tokens, self.max_tokens) if choice == "cuda" else 0
+        self.cuda_opts = cuda_opts if choice == "cuda" else ()
+        self._opts_mask = 0
+        if self.cuda_opts:
+            from .ops import opts_mask
+
+            self._opts_mask = opts_mask(self.cuda_opts)
         self.reason += f"; {choice} kernel, {G} programs" + (
             f", LL protocol for T <= {self.ll_max_tokens}" if self.ll_max_tokens else ""
         )
+        if self.cuda_opts:
+            self.reason += f", opt-in variants {'+'.join(self.cuda_opts)}"
 
         elem = torch.empty((), dtype=self.dtype).element_size()
         self._layout = K.InboxLayout(W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens)
@@ -315,6 +339,7 @@ class OutputReducer:
                 device=dev.index,
                 ll_off=self._layout.ll_off,
                 ll_max_tokens=self.ll_max_tokens,
+                opts=self._opts_mask,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -416,7 +441,7 @@ class OutputReducer:
                     po, pl, out, out_lse if out_lse is not None else self._dummy_lse, self._epochs,
                     self._buf.peer_addrs, self._err.kernel_arg(), self.rank, self.programs, self._hpu,
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
-                    out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens,
+                    out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

@@ -1,0 +1,122 @@
+"""The CUDA kernel's opt-in variants (``TUNING["cuda_opts"]``) and its benchmark-only stage breakdown:
+the parts that can be checked without a GPU (knob validation, the ctypes mirror of the parameter block,
+the C entry point's rejection of bad masks), and GPU tests (marked, skipped here) that each variant agrees
+with the reference and that a breakdown run leaves the protocol state consistent.
+
+GPU:  ``python -m pytest -q tests/test_output_variants.py``  on the 2-GPU machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import types
+
+import pytest
+import rankfns_output as fns
+import torch
+
+from peerdcp.jit import nvcc_path
+from peerdcp.output import ops
+from peerdcp.output import reducer as R
+
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja")
+HOST = dict(max_tokens=4, heads_per_rank=3, head_dim=16, backend="direct", memory="host", device="cpu", timeout_s=30.0)
+
+
+def test_opts_names_and_masks():
+    assert R.TUNING["cuda_opts"] == ()  # default: none
+    assert set(R._CUDA_OPTS) == set(ops.OPTS)
+    assert ops.opts_mask(()) == 0
+    assert ops.opts_mask(("tight_grid", "pdl")) == 5
+    with pytest.raises(ValueError, match="unknown CUDA kernel option 'fast'"):
+        ops.opts_mask(("fast",))
+    bits = list(ops.STAGES.values())
+    assert len(set(bits)) == len(bits) and all(b & (b - 1) == 0 for b in bits)  # distinct single bits
+    assert sum(bits) == ops._STAGES_ALL
+
+
+def test_breakdown_needs_a_cuda_reducer():
+    for obj in (types.SimpleNamespace(kernel="triton"), types.SimpleNamespace(kernel="cuda"), object()):
+        with pytest.raises(ValueError, match="kernel='cuda'"):
+            ops._set_breakdown_stages(obj, ops.STAGE_SKIP_SYNC)
+
+
+def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
+    for bad in [("fast",), "pdl", 3]:
+        res = pools(2).run(fns.construct_with_opts, HOST, bad)
+        assert all(r.get("error", "").startswith("ValueError") and "cuda_opts" in r["error"] for r in res), res
+    res = pools(2).run(fns.construct_with_opts, HOST, ("tight_grid", "pdl"))
+    assert all(r.get("kernel") == "triton" and r["cuda_opts"] == () for r in res), res
+
+
+@needs_nvcc
+def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
+    """Builds the .so with nvcc (no GPU needed): the ctypes mirror has the C size (library() checks it), and
+    the entry point rejects unknown stage / opt bits and a breakdown combined with early_load / pdl with
+    cudaErrorInvalidValue (1) before it touches CUDA."""
+    lib = ops.library()
+    assert lib.peerdcp_output_direct_params_size() == ctypes.sizeof(ops.OutputDirectParams)
+    epochs = torch.zeros(4, dtype=torch.int64)
+    launcher = ops.DirectLauncher(
+        peer_addrs=[0x1000, 0x2000], epochs=epochs, err_addr=0, rank=0, heads=16, head_dim=512, max_tokens=8,
+        programs=4, heads_per_unit=4, lse_off=256, payload_off=512, timeout_ns=10**9, base2=False,
+        dtype=torch.bfloat16, mech=1, device=0, opts=ops.OPTS["early_load"],
+    )  # fmt: skip
+    p = launcher._p
+    assert p.stages == 0 and p.opts == 2
+    with pytest.raises(ValueError, match="not with opts"):
+        launcher._set_stages(ops.STAGE_SKIP_SYNC)
+    for bad in (64, -1, True, 1.0):
+        with pytest.raises(ValueError, match="stages"):
+            launcher._set_stages(bad)
+    p.T = 1
+
+    def rc(stages: int, opts: int) -> int:
+        p.stages, p.opts = stages, opts
+        return lib.peerdcp_output_direct(ctypes.byref(p), None, 0)
+
+    invalid = 1  # cudaErrorInvalidValue
+    assert rc(64, 0) == invalid
+    assert rc(0, 8) == invalid
+    assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["pdl"]) == invalid
+    assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["early_load"]) == invalid
+    p.stages, p.opts = 0, 2
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+NCCL = "cpu:gloo,cuda:nccl"
+KIMI = dict(heads_per_rank=16, head_dim=512, max_tokens=256, timeout_s=30.0, backend="direct", kernel="cuda")
+OPT_SETS = [("tight_grid",), ("early_load",), ("pdl",), ("tight_grid", "early_load", "pdl")]
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("opts", OPT_SETS, ids=["+".join(o) for o in OPT_SETS])
+@pytest.mark.parametrize("ll", [None, 0], ids=["ll_default", "plain"])
+def test_gpu_opt_in_variants_agree(pools, opts, ll):
+    """Each opt-in variant: T from 1 to 256, then 50 back-to-back calls with changing T (tight_grid runs a
+    different set of CTAs per T: the per-CTA epochs must still agree), then CUDA-graph replays."""
+    cfg = dict(KIMI, memory="vmm")
+    if ll is not None:
+        cfg["ll_max_tokens"] = ll
+    cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate([1, 2, 7, 64, 128, 256, 3, 100])]
+    many = [dict(T=(i * 37) % 64 + 1, return_lse=(i % 4 == 0)) for i in range(50)]
+    pool = pools(2, NCCL)
+    for cs, seed in ((cases, 61), (many, 62)):
+        res = pool.run(fns.with_cuda_opts, opts, "run_cases", cfg, cs, seed)
+        for rank, rows in enumerate(res):
+            assert all(r["ok"] for r in rows), (rank, [r for r in rows if not r["ok"]][:3])
+            assert rows[0]["kernel"] == "cuda" and "opt-in variants" in rows[0]["reason"], rows[0]
+    gcfg = {k: v for k, v in cfg.items()}
+    res = pool.run(fns.with_cuda_opts, opts, "graph_replays", gcfg, 20, 128, 3)
+    assert all(r["mismatches"] == 0 for r in res), res
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("T,ll", [(1, None), (8, None), (1, 0), (128, 0)])
+def test_gpu_breakdown_leaves_protocol_consistent(pools, T, ll):
+    cfg = dict(KIMI, memory="vmm")
+    if ll is not None:
+        cfg["ll_max_tokens"] = ll
+    res = pools(2, NCCL).run(fns.breakdown_then_full, cfg, T, 71)
+    assert all(r == {"instrumented": True, "full": True, "after": True} for r in res), res

@@ -4,7 +4,9 @@ Part 1 - the merge alone (top-k 2048, rows 1 ... 512): every rank holds its loca
 (``int64 [rows, 2048]`` packed keys, as ``TopK.local_candidates`` makes them) and needs the exact global
 top-k:
 
-* ``direct``     - ``TopK.merge`` over peer memory (publish kernel + merge kernel);
+* ``direct``     - ``TopK.merge`` over peer memory (publish kernel + merge kernel; ``merge`` column: the
+  kernel ``merge_impl="auto"`` chose, CUDA C++ on a GPU);
+* ``direct_triton`` - the same with the Triton merge kernel (the twin);
 * ``allgather``  - ``TopK`` with ``backend="allgather"``: NCCL all-gather of the candidates + the same merge;
 * ``baseline``   - the DESIGN.md section 9 baseline: NCCL all-gather of the candidates + ``torch.topk`` on
   the unique int64 keys (+ id extraction). Target: ``direct`` >= 4x faster at every row count.
@@ -82,6 +84,7 @@ def merge_rank(cfg: dict) -> list[dict]:
     max_rows = max(cfg["rows"])
     with (
         peerdcp.TopK(max_rows=max_rows, topk=K, backend="direct", device=dev) as tkd,
+        peerdcp.TopK(max_rows=max_rows, topk=K, backend="direct", device=dev, merge_impl="triton") as tkt,
         peerdcp.TopK(max_rows=max_rows, topk=K, backend="allgather", device=dev) as tka,
     ):
         for T in cfg["rows"]:
@@ -94,12 +97,15 @@ def merge_rank(cfg: dict) -> list[dict]:
                 logits = torch.round(logits * 8) / 8  # ties, as FP8 scores have
                 sets.append(tkd.local_candidates(logits, lens))
             exact = all(
-                torch.equal(tkd.merge(s), allgather_topk(s, W)) and torch.equal(tka.merge(s), tkd.merge(s))
+                torch.equal(tkd.merge(s), allgather_topk(s, W))
+                and torch.equal(tka.merge(s), tkd.merge(s))
+                and torch.equal(tkt.merge(s), tkd.merge(s))
                 for s in sets
             )
-            row = {"rows": T, "exact": exact, "memory": tkd.memory}
+            row = {"rows": T, "exact": exact, "memory": tkd.memory, "merge": tkd.merge_impl}
             ops = {
                 "direct": lambda i: tkd.merge(sets[i % 4]),
+                "direct_triton": lambda i: tkt.merge(sets[i % 4]),
                 "allgather": lambda i: tka.merge(sets[i % 4]),
                 "baseline": lambda i: allgather_topk(sets[i % 4], W),
             }
@@ -118,6 +124,7 @@ def merge_rank(cfg: dict) -> list[dict]:
             row["vs_allgather"] = row["allgather"] / row["direct"]
             out.append(row)
         tkd.check()
+        tkt.check()
     return out if r == 0 else []
 
 
@@ -299,7 +306,8 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
         print(_table(index, cols))
     if merge:
         print("\nTop-K merge, top-k 2048 (µs, CUDA graph, slowest rank; speedup = baseline / direct, target >= 4)")
-        cols = ["rows", "exact", "memory", "direct", "allgather", "baseline", "speedup", "vs_allgather"]
+        cols = ["rows", "exact", "memory", "merge", "direct", "direct_triton", "allgather", "baseline", "speedup"]
+        cols += ["vs_allgather"]
         if any("publish_only" in m for m in merge):
             cols[4:4] = ["publish_only", "merge_only"]
         if cfg["eager"]:

@@ -81,19 +81,38 @@ def poll_acquire(flag_ptr):
     return tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
 
 
-@triton.jit
-def _globaltimer():
-    """``%globaltimer`` (ns), the same value in every thread of the program.
+# Bounded acquire poll of one int64 flag by one thread: $0 = the last value read, $1 = flag address,
+# $2 = awaited value, $3 = timeout (ns, from this asm's own first %globaltimer read). Labels are local to
+# the braces, so the asm may be inlined any number of times.
+_POLL_ASM = tl.constexpr(
+    """{
+.reg .pred %pq, %pl;
+.reg .b64 %t0, %tn;
+mov.u64 %t0, %globaltimer;
+POLL:
+ld.acquire.sys.global.b64 $0, [$1];
+setp.eq.s64 %pq, $0, $2;
+@%pq bra DONE;
+mov.u64 %tn, %globaltimer;
+sub.s64 %tn, %tn, %t0;
+setp.lt.s64 %pl, %tn, $3;
+@%pl bra POLL;
+DONE:
+}"""
+)
 
-    Each thread reads its own timer; a max over a 1024-element block (which spans every warp, so the
-    reduction crosses warps through shared memory) makes the value uniform. This matters: the poll
-    loop's body contains CTA barriers (a scalar atomic is issued by one thread and broadcast through
-    shared memory), so a deadline test that some threads pass one iteration before others would leave
-    the barriers mismatched and hang the program exactly when it should time out.
+
+@triton.jit
+def _block_min(x):
+    """The minimum of the int32 scalar ``x`` over every thread of the program (uniform afterwards).
+
+    An opaque per-lane copy turns the scalar into a [1024] tensor spread over every warp, so the reduction
+    crosses warps through shared memory; a plain splat would be folded back into the thread's own value.
     """
-    lane = tl.arange(0, 1024)
-    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lane], dtype=tl.int64, is_pure=False, pack=1)
-    return tl.max(t, axis=0)
+    v = tl.inline_asm_elementwise(
+        "mov.b32 $0, $1;", "=r,r", [tl.zeros([1024], tl.int32) + x], dtype=tl.int32, is_pure=False, pack=1
+    )
+    return tl.min(v, axis=0)
 
 
 @triton.jit
@@ -104,28 +123,36 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
     int64 error word at address ``err_addr`` (host-visible memory) and returns False: the caller skips
     the data it waited for, and the host raises PeerTimeoutError at the next call.
     """
-    v = poll_acquire(flag_ptr)
     if GPU:
-        # The exit test must be uniform across the program's threads (see _globaltimer); the timer is
-        # read every 64 polls to keep its block reduction off the common path.
-        # No timer read (and no block reduction) at all when the flag is already there.
-        t0 = value.to(tl.int64) * 0
-        n = 0
-        expired = 0
-        while (v != value) & (expired == 0):
-            if n == 0:
-                t0 = _globaltimer()
-            v = poll_acquire(flag_ptr)
-            n += 1
-            if n % 64 == 0:
-                expired = (_globaltimer() - t0 > timeout_ns).to(tl.int32)
+        # Every thread polls the flag on its own inside one asm loop (no CTA barrier inside the loop), then
+        # one block reduction makes the outcome uniform. Triton lowers a scalar atomic to "one thread
+        # issues it, the block reads it back from shared memory between two barriers"; a poll loop built
+        # from that has barriers in every iteration, and a twin of this loop hung unboundedly on H200
+        # (2026-11-30) while the same protocol in CUDA C++ did not.
+        lane = tl.arange(0, 32)  # one element per thread at any num_warps (replicated across warps)
+        got = tl.inline_asm_elementwise(
+            _POLL_ASM,
+            "=l,l,l,l",
+            [
+                tl.zeros([32], tl.int64) + flag_ptr.to(tl.int64) + lane * 0,
+                tl.zeros([32], tl.int64) + value.to(tl.int64),
+                tl.zeros([32], tl.int64) + timeout_ns,
+            ],
+            dtype=tl.int64,
+            is_pure=False,
+            pack=1,
+        )
+        # the [32] reduction stays inside each warp (redux.sync); warps may disagree when the flag lands at
+        # the deadline, so take the minimum over the whole block once more
+        ok = _block_min(tl.min((got == value).to(tl.int32), axis=0)) != 0
     else:
+        v = poll_acquire(flag_ptr)
         n = 0
         while (v != value) & (n < max_spins):
             v = poll_acquire(flag_ptr)
             n += 1
-    ok = v == value
-    if v != value:
+        ok = v == value
+    if ok == 0:
         err = err_addr.to(tl.pointer_type(tl.int64))
         zero = value.to(tl.int64) * 0  # int64 operands; rank/peer/mech may be Python ints or constexprs
         if tl.atomic_cas(err, zero, zero + 1, sem="relaxed", scope="sys") == 0:

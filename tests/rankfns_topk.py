@@ -87,7 +87,9 @@ def _device(device: str) -> torch.device:
 
 # --------------------------------------------------------------------------------------- exactness
 @one_thread
-def exactness(K: int, interleaves, lens_list, seed: int, memory: str = "host", device: str = "cpu") -> list[dict]:
+def exactness(
+    K: int, interleaves, lens_list, seed: int, memory: str = "host", device: str = "cpu", merge_impl: str = "auto"
+) -> list[dict]:
     """For each interleave: direct and allgather selections (with and without forced tokens, twice) vs the
     reference. Returns per case: ok flags and digests (the parent compares them across ranks)."""
     W, r = dist.get_world_size(), dist.get_rank()
@@ -98,7 +100,9 @@ def exactness(K: int, interleaves, lens_list, seed: int, memory: str = "host", d
         T = len(lens_list)
         max_rows = T if T > 1 else 1
         tks = {
-            b: peerdcp.TopK(max_rows=max_rows, topk=K, backend=b, memory=memory, interleave=I, device=dev)
+            b: peerdcp.TopK(
+                max_rows=max_rows, topk=K, backend=b, memory=memory, interleave=I, device=dev, merge_impl=merge_impl
+            )
             for b in ("direct", "allgather")
         }
         try:
@@ -151,7 +155,16 @@ def auto_fallback_rows(K: int, seed: int, memory: str = "host", device: str = "c
 
 
 @one_thread
-def back_to_back(n: int, K: int, I: int, max_rows: int, seed: int, memory: str = "host", device: str = "cpu") -> dict:
+def back_to_back(
+    n: int,
+    K: int,
+    I: int,
+    max_rows: int,
+    seed: int,
+    memory: str = "host",
+    device: str = "cpu",
+    merge_impl: str = "auto",
+) -> dict:
     """``n`` selections with changing inputs and row counts, no barrier, random per-rank delays; every
     result is kept and checked only at the end (so ranks race through the parity slots)."""
     W, r = dist.get_world_size(), dist.get_rank()
@@ -159,7 +172,7 @@ def back_to_back(n: int, K: int, I: int, max_rows: int, seed: int, memory: str =
     rng = random.Random(seed * 31 + r)  # per-rank delays: the ranks drift apart
     plan = random.Random(seed)  # shared plan: every rank makes the same calls
     results, expects = [], []
-    with peerdcp.TopK(max_rows=max_rows, topk=K, memory=memory, interleave=I, device=dev) as tk:
+    with peerdcp.TopK(max_rows=max_rows, topk=K, memory=memory, interleave=I, device=dev, merge_impl=merge_impl) as tk:
         for i in range(n):
             T = plan.randint(1, max_rows + 1)  # max_rows + 1 -> the allgather path, mixed in
             lens = torch.tensor([plan.choice((0, 1, K - 1, K, 3 * K, 7 * K + 3)) for _ in range(T)])
@@ -513,14 +526,18 @@ def pipeline(H: int, D: int, K: int, I: int, seed: int, memory: str = "host", de
 
 
 # ---------------------------------------------------------------------------------------- GPU only
-def graph_exactness(K: int, I: int, memory: str, backend: str, replays: int, seed: int) -> dict:
+def graph_exactness(
+    K: int, I: int, memory: str, backend: str, replays: int, seed: int, merge_impl: str = "auto"
+) -> dict:
     """CUDA graph: capture three selects (two direct-sized, one beyond max_rows when backend allows), then
     replay with fresh inputs copied into the static buffers; every replay exact and identical across ranks."""
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device("cuda")
     T, Lg = 4, 6 * K + 11
     lens_choices = (0, 1, K - 1, K, 3 * K, Lg)
-    with peerdcp.TopK(max_rows=T, topk=K, memory=memory, backend=backend, interleave=I, device=dev) as tk:
+    with peerdcp.TopK(
+        max_rows=T, topk=K, memory=memory, backend=backend, interleave=I, device=dev, merge_impl=merge_impl
+    ) as tk:
         Lloc = ref.local_length(Lg, 0, W, I) + 2
         logit_bufs = [torch.zeros(T, Lloc, device=dev) for _ in range(2)]
         len_bufs = [torch.zeros(T, dtype=torch.int64, device=dev) for _ in range(2)]
@@ -556,4 +573,4 @@ def graph_exactness(K: int, I: int, memory: str, backend: str, replays: int, see
             ok.append(bool(torch.equal(eager.cpu(), ref.select_reference(cases[0][0], cases[0][1], K))))
             digests.append(digest(outs[0]) + digest(outs[1]))
         tk.check()
-        return {"ok": ok, "digests": digests, "backend": tk.backend, "memory": tk.memory}
+        return {"ok": ok, "digests": digests, "backend": tk.backend, "memory": tk.memory, "merge_impl": tk.merge_impl}

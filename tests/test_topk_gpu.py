@@ -30,35 +30,47 @@ def _check(res, world):
         assert digests == {res[0][i]["expect_digest"]}, (i, digests)
 
 
+MERGES = ["cuda", "triton"]  # the CUDA C++ merge (default on GPU) and its Triton twin
+
+
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
-def test_gpu_exact_selection_small_k(pools, memory):
+def test_gpu_exact_selection_small_k(pools, memory, merge):
     res = pools(GPU_WORLD, NCCL).run(
-        fns.exactness, 16, (1, 64), [0, 1, 13, 16, 17, 320, 37], 3, memory=memory, device="cuda"
+        fns.exactness, 16, (1, 64), [0, 1, 13, 16, 17, 320, 37], 3, memory=memory, device="cuda", merge_impl=merge
     )
     _check(res, GPU_WORLD)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
-def test_gpu_exact_selection_k2048(pools, memory):
+def test_gpu_exact_selection_k2048(pools, memory, merge):
     lens = [0, 1, 2047, 2048, 2049, 4095, 50_000, 131_072]
-    res = pools(GPU_WORLD, NCCL).run(fns.exactness, 2048, (1, 64), lens, 4, memory=memory, device="cuda")
+    res = pools(GPU_WORLD, NCCL).run(
+        fns.exactness, 2048, (1, 64), lens, 4, memory=memory, device="cuda", merge_impl=merge
+    )
     _check(res, GPU_WORLD)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
 @pytest.mark.parametrize("backend", ["direct", "allgather"])
 @pytest.mark.parametrize("interleave", [1, 64])
-def test_gpu_cuda_graph_replays(pools, memory, backend, interleave):
-    res = pools(GPU_WORLD, NCCL).run(fns.graph_exactness, 64, interleave, memory, backend, 10, 5)
+def test_gpu_cuda_graph_replays(pools, memory, backend, interleave, merge):
+    res = pools(GPU_WORLD, NCCL).run(fns.graph_exactness, 64, interleave, memory, backend, 10, 5, merge_impl=merge)
     for r in res:
         assert all(r["ok"]), r["ok"]
         assert r["backend"] == backend
+        assert r["merge_impl"] == merge
     assert res[0]["digests"] == res[1]["digests"]
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
-def test_gpu_back_to_back_without_barrier(pools, memory):
-    res = pools(GPU_WORLD, NCCL).run(fns.back_to_back, 200, 64, 1, 8, 17, memory=memory, device="cuda")
+def test_gpu_back_to_back_without_barrier(pools, memory, merge):
+    res = pools(GPU_WORLD, NCCL).run(
+        fns.back_to_back, 200, 64, 1, 8, 17, memory=memory, device="cuda", merge_impl=merge
+    )
     for r in res:
         assert all(r["ok"]), [i for i, x in enumerate(r["ok"]) if not x]
     assert res[0]["digests"] == res[1]["digests"]

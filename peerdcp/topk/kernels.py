@@ -212,11 +212,12 @@ def _publish_kernel(
     W: tl.constexpr,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
+    FILL: tl.constexpr,
     GPU: tl.constexpr,
 ):
     """Program t: advance row t's epoch, store row t of this rank's candidates (padded to K with -1) into
     every peer's inbox ``[e % 2, rank, t, :]``, release the peer's flag ``[e % 2, rank, t] = e``, and
-    pre-fill ``out[t, :]`` with -1 for the merge kernel.
+    (FILL) pre-fill ``out[t, :]`` with -1 for the Triton merge kernel.
 
     Buffer of every rank (int64 words): flags ``[2, W, MAXR]`` at 0, inbox ``[2, W, MAXR, K]`` at word
     ``INBOX``. ``state`` (local, int64): ``[aborted, epoch of row 0, ..., epoch of row MAXR-1]``. Row t's
@@ -234,7 +235,8 @@ def _publish_kernel(
             if d != rank:
                 dst = peer_pointer(peer_ptrs, d, tl.int64) + INBOX + ((slot * W + rank) * MAXR + t) * K
                 tl.store(dst + offs, x, mask=offs < K)
-        tl.store(out + t * K + offs, tl.full([BLOCK], -1, tl.int32), mask=offs < K)
+        if FILL:
+            tl.store(out + t * K + offs, tl.full([BLOCK], -1, tl.int32), mask=offs < K)
     for d in range(W):
         if d != rank:
             # signal_release fences this program's stores system-wide before the flag (the first fence

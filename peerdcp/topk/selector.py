@@ -133,9 +133,55 @@ def _merge_block(k: int, wp: int, device: torch.device) -> int:
     return max(16, min(triton.next_power_of_2(k), 512 // wp))
 
 
-def _merge_lists(out: torch.Tensor, lists: torch.Tensor, W: int, k: int) -> None:
+MERGE_IMPLS = ("auto", "cuda", "triton")
+
+
+def choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> tuple[str, str]:
+    """``(impl, why)`` for the merge kernel: ``"cuda"`` (csrc/topk_merge.cu, the lists of a row staged in
+    shared memory) on a GPU when it builds and ``W * k`` keys fit one CTA's shared memory, else
+    ``"triton"`` (the interpreter path and twin). ``requested="cuda"`` that cannot be met raises."""
+    if requested not in MERGE_IMPLS:
+        raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {requested!r}")
+    if requested == "triton":
+        return "triton", "triton merge requested"
+    why = None
+    if not on_gpu(device):
+        why = "no GPU (interpreter or CPU)"
+    else:
+        try:
+            from . import ops
+
+            cap = ops.max_keys(device.index if device.index is not None else torch.cuda.current_device())
+            if W * k > cap:
+                why = f"W*topk = {W * k} keys exceed one CTA's shared memory ({cap})"
+        except Exception as e:  # noqa: BLE001 - no nvcc / build failure: say so, use Triton
+            why = f"CUDA merge kernel unavailable ({type(e).__name__}: {e})"
+    if why is None:
+        return "cuda", "cuda merge (csrc/topk_merge.cu)"
+    if requested == "cuda":
+        raise ValueError(f"TopK: merge_impl='cuda' is not available: {why}")
+    return "triton", f"triton merge: {why}"
+
+
+def _merge_lists(out: torch.Tensor, lists: torch.Tensor, W: int, k: int, impl: str = "triton") -> None:
     """Merge ``lists [W, T, n]`` (each row sorted, -1 tail) into ``out [T, k]`` (no peers involved)."""
     _, T, n = lists.shape
+    if impl == "cuda":
+        from . import ops
+
+        lists = lists.contiguous()
+        ops.merge(
+            out,
+            lists=lists.data_ptr(),
+            slot_stride=0,
+            list_stride=T * n,
+            row_stride=n,
+            list_len=n,
+            world_size=W,
+            topk=k,
+            direct=False,
+        )
+        return
     WP = triton.next_power_of_2(W)
     BLOCK = _merge_block(k, WP, out.device)
     out.fill_(-1)
@@ -215,6 +261,8 @@ class TopK:
         timeout_s: bound on every wait for a peer; past it the call is abandoned and ``PeerTimeoutError``
             is raised by the next call or :meth:`check`.
         device: CUDA device (default: current) or ``"cpu"`` (default when ``memory="host"`` or no CUDA).
+        merge_impl: merge kernel, ``"auto"`` (CUDA C++ on a GPU when it builds and fits, else Triton),
+            ``"cuda"`` or ``"triton"``; both give the same ids. Local to each rank (:attr:`merge_impl`).
 
     Peer memory per rank (direct): ``16*W*max_rows*(topk + 1)`` bytes.
     """
@@ -230,6 +278,7 @@ class TopK:
         interleave: int = 1,
         timeout_s: float = 10.0,
         device: torch.device | str | int | None = None,
+        merge_impl: str = "auto",
     ) -> None:
         if not is_int(max_rows):
             raise TypeError(f"TopK: max_rows must be an int, got {type(max_rows).__name__}")
@@ -249,6 +298,8 @@ class TopK:
             raise ValueError(f"TopK: interleave must be >= 1, got {interleave}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"TopK: timeout_s must be a positive number, got {timeout_s!r}")
+        if merge_impl not in MERGE_IMPLS:
+            raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {merge_impl!r}")
         dev = resolve_device(device, cpu=memory == "host", owner="TopK: ")
         info = resolve_group(group)
         geo = (max_rows, topk, backend, memory, interleave, dev.type)
@@ -285,6 +336,9 @@ class TopK:
         else:
             self.backend, self.memory = "allgather", "none"
             self.reason = f"allgather: {why}"
+        # the merge is local to a rank (its inbox, its flags): no agreement needed on the kernel
+        self.merge_impl, why_merge = choose_merge_impl(merge_impl, dev, self.world_size, topk)
+        self.reason += f"; {why_merge}"
         # state: [aborted after a timeout, epoch of row 0, ..., epoch of row max_rows - 1]
         self._state = torch.zeros(1 + max_rows, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
@@ -389,6 +443,7 @@ class TopK:
             W=W,
             K=K,
             BLOCK=pblock,
+            FILL=self.merge_impl != "cuda",  # the CUDA merge writes every position itself
             GPU=gpu,
         )
 
@@ -396,11 +451,36 @@ class TopK:
         """Kernel 2: wait for the peers' flags of each row (this call's epoch), merge into ``out``."""
         buf, W, K = self._buf, self.world_size, self.topk
         T, n = keys.shape
+        base = buf.peer_addrs[self.rank]
+        if self.merge_impl == "cuda":
+            from . import ops
+
+            ops.merge(
+                out,
+                own=keys.data_ptr(),
+                own_stride=keys.stride(0),
+                own_len=n,
+                lists=base + 8 * self._inbox_word,
+                slot_stride=W * self.max_rows * K,
+                list_stride=self.max_rows * K,
+                row_stride=K,
+                list_len=K,
+                flags=base,
+                state=self._state.data_ptr(),
+                err=self._err.kernel_arg(),
+                timeout_ns=int(self.timeout_s * 1e9),
+                rank=self.rank,
+                world_size=W,
+                topk=K,
+                max_rows=self.max_rows,
+                mech=mechanism_code("topk"),
+                direct=True,
+            )
+            return
         gpu = on_gpu(self.device)
         WP = triton.next_power_of_2(W)
         BLOCK = _merge_block(K, WP, self.device)
         nch = triton.cdiv(K, BLOCK)
-        base = buf.peer_addrs[self.rank]
         _merge_kernel[(T, nch, W)](
             out,
             keys.data_ptr(),
@@ -439,7 +519,7 @@ class TopK:
             gathered.copy_(keys)
         else:
             _all_gather_single(gathered, keys, group=self._info.group)
-        _merge_lists(out, gathered.view(W, T, K), W, K)
+        _merge_lists(out, gathered.view(W, T, K), W, K, self.merge_impl)
 
     # ----------------------------------------------------------------------------------- public
     def select(

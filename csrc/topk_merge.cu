@@ -1,0 +1,152 @@
+// peerdcp Top-K: the merge of W sorted candidate lists into the exact global top-k, in CUDA C++ (the
+// twin of `_merge_kernel` in peerdcp/topk/kernels.py; read that docstring first: same inputs, same output).
+//
+// One CTA per row t. Every list of the row is staged in shared memory (W x K int64 keys, -1 past its
+// valid length), then the output position of key x = list_a[j] is j + sum_{b != a} #{y in list_b : y > x}
+// (keys are unique over all lists, every list is sorted descending with a -1 tail), found by a binary
+// search in shared memory. The positions of the N valid keys are exactly 0..N-1, so the kernel writes
+// every position < min(N, K) once and fills [min(N, K), K) with -1 itself: no pre-fill, no sort, no
+// atomics. The Triton kernel searches L2 (it cannot index shared memory), 8 bytes per 32-byte sector;
+// this is what makes it 5-7x slower at 128-512 rows (bench.topk --breakdown, 2026-11-30).
+//
+// Direct mode: the own list is read from `own` (this rank's candidates), the peers' from this rank's
+// inbox after a bounded acquire wait for each peer's flag of row t (value = the row's epoch, which the
+// publish kernel advanced earlier on the stream). A timed-out wait records the error word, sets the
+// object's `aborted` word, and the row is written as all -1 (the host raises PeerTimeoutError at the
+// next call); once aborted no later call waits again.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kMaxW = 8;
+constexpr int kThreads = 512;
+
+struct MergeParams {
+  int32_t* out;            // [T, K] int32 global ids (-1 where no candidate reaches)
+  const int64_t* own;      // direct: own candidate keys, row t at own + t * own_stride
+  int64_t own_stride;      // elements
+  int own_len;             // valid entries of an own row (the rest reads as -1)
+  const int64_t* lists;    // list b of row t at lists + slot*slot_stride + b*list_stride + t*row_stride
+  int64_t slot_stride, list_stride, row_stride;
+  int list_len;            // valid entries of a list row
+  const int64_t* flags;    // direct: this rank's flags [2, W, max_rows]
+  int64_t* state;          // direct: [aborted, epoch of row 0, ...]
+  int64_t* err;            // int64[8] error word (pinned host memory)
+  int64_t timeout_ns;
+  int rank, W, K, max_rows, mech, direct;
+};
+
+__device__ __forceinline__ int count_greater(const int64_t* list, int K, int64_t x) {
+  // #{y in list : y > x} for a list sorted descending: the first index whose key is <= x
+  int lo = 0, hi = K;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (list[mid] > x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams a) {
+  extern __shared__ int64_t sh[];  // [W][K]
+  __shared__ int ok_sh;
+  __shared__ int valid_sh;
+  const int t = blockIdx.x, tid = threadIdx.x, W = a.W, K = a.K;
+  int slot = 0;
+  if (tid == 0) {
+    ok_sh = 1;
+    valid_sh = 0;
+  }
+  __syncthreads();
+  if (a.direct) {
+    const int64_t epoch = a.state[1 + t];  // written by the publish kernel, earlier on the stream
+    slot = static_cast<int>(epoch & 1);
+    if (tid < W && tid != a.rank) {
+      const volatile int64_t* aborted = a.state;
+      bool ok = *aborted == 0;
+      if (ok) {
+        const int64_t* flag = a.flags + (static_cast<int64_t>(slot) * W + tid) * a.max_rows + t;
+        ok = peerdcp::wait_equal_sys(flag, epoch, a.timeout_ns, a.err, a.rank, tid, a.mech);
+        if (!ok) a.state[0] = 1;  // later calls skip their waits (the host refuses them anyway)
+      }
+      if (!ok) atomicAnd(&ok_sh, 0);
+    }
+    __syncthreads();
+  }
+  int32_t* out = a.out + static_cast<int64_t>(t) * K;
+  if (ok_sh == 0) {
+    for (int i = tid; i < K; i += kThreads) out[i] = -1;
+    return;
+  }
+  // ---- stage every list of row t (inbox reads after the acquire: __ldcg, L2 only, never a stale L1 line)
+  int nvalid = 0;
+  for (int b = 0; b < W; ++b) {
+    const int64_t* src;
+    int len;
+    if (a.direct && b == a.rank) {
+      src = a.own + static_cast<int64_t>(t) * a.own_stride;
+      len = a.own_len;
+    } else {
+      src = a.lists + slot * a.slot_stride + b * a.list_stride + t * a.row_stride;
+      len = a.list_len;
+    }
+    len = len < K ? len : K;
+    for (int i = tid; i < K; i += kThreads) {
+      const int64_t x = i < len ? __ldcg(src + i) : -1;
+      sh[b * K + i] = x;
+      nvalid += x >= 0;
+    }
+  }
+  atomicAdd(&valid_sh, nvalid);
+  __syncthreads();
+  // ---- place every valid key of every list
+  for (int idx = tid; idx < W * K; idx += kThreads) {
+    const int a_list = idx / K, j = idx - a_list * K;
+    const int64_t x = sh[idx];
+    if (x < 0) continue;
+    int pos = j;
+    for (int b = 0; b < W && pos < K; ++b)
+      if (b != a_list) pos += count_greater(sh + b * K, K, x);
+    if (pos < K) out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
+  }
+  // ---- positions no valid key reaches
+  for (int i = valid_sh + tid; i < K; i += kThreads) out[i] = -1;
+}
+
+}  // namespace
+
+extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_stride, int own_len,
+                                  const int64_t* lists, int64_t slot_stride, int64_t list_stride,
+                                  int64_t row_stride, int list_len, const int64_t* flags, int64_t* state, void* err,
+                                  int64_t timeout_ns, int rank, int W, int K, int T, int max_rows, int mech,
+                                  int direct, cudaStream_t stream) {
+  if (W < 1 || W > kMaxW || K < 1 || T < 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (T == 0) return 0;
+  MergeParams a;
+  a.out = out, a.own = own, a.own_stride = own_stride, a.own_len = own_len;
+  a.lists = lists, a.slot_stride = slot_stride, a.list_stride = list_stride, a.row_stride = row_stride;
+  a.list_len = list_len, a.flags = flags, a.state = state, a.err = static_cast<int64_t*>(err);
+  a.timeout_ns = timeout_ns, a.rank = rank, a.W = W, a.K = K, a.max_rows = max_rows, a.mech = mech;
+  a.direct = direct;
+  const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  topk_merge_kernel<<<T, kThreads, smem, stream>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Largest W * K (int64 keys) one CTA can stage on `device` (the host falls back to Triton above it).
+extern "C" int64_t peerdcp_topk_merge_max_keys(int device) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  return (static_cast<int64_t>(v) - 64) / static_cast<int64_t>(sizeof(int64_t));
+}

@@ -1,0 +1,115 @@
+"""The CUDA C++ merge kernel (``csrc/topk_merge.cu``) behind a ctypes call on the current stream.
+
+The merge is local to a rank (it reads this rank's inbox and candidates, waits on this rank's flags), so a
+rank may use it or the Triton ``_merge_kernel`` independently of its peers: both place every key at the
+same position. Launched on the current stream, so it is CUDA-graph capturable. Built at first use by
+:func:`peerdcp.jit.load` (``$PEERDCP_CACHE``; ``python -m peerdcp.jit`` prebuilds it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from ..jit import load as load_jit
+
+__all__ = ["load", "max_keys", "merge"]
+
+_i64, _i32, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """Build (once per source hash) and load ``libpeerdcp_topk.so``; raises JitError without nvcc."""
+    lib = load_jit("peerdcp_topk")
+    lib.peerdcp_topk_merge.restype = ctypes.c_int
+    lib.peerdcp_topk_merge.argtypes = [
+        _vp,  # out
+        _vp,
+        _i64,
+        _i32,  # own, own_stride, own_len
+        _vp,
+        _i64,
+        _i64,
+        _i64,
+        _i32,  # lists, slot_stride, list_stride, row_stride, list_len
+        _vp,
+        _vp,
+        _vp,  # flags, state, err
+        _i64,  # timeout_ns
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,
+        _i32,  # rank, W, K, T, max_rows, mech, direct
+        _vp,  # stream
+    ]
+    lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
+    lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
+    return lib
+
+
+@functools.cache
+def max_keys(device: int) -> int:
+    """Most int64 keys (W x topk) the CUDA kernel stages per row in shared memory on ``device``."""
+    return int(load().peerdcp_topk_merge_max_keys(device))
+
+
+def merge(
+    out: torch.Tensor,
+    *,
+    own: int = 0,
+    own_stride: int = 0,
+    own_len: int = 0,
+    lists: int,
+    slot_stride: int,
+    list_stride: int,
+    row_stride: int,
+    list_len: int,
+    flags: int = 0,
+    state: int = 0,
+    err: int = 0,
+    timeout_ns: int = 0,
+    rank: int = 0,
+    world_size: int,
+    topk: int,
+    max_rows: int = 0,
+    mech: int = 0,
+    direct: bool,
+) -> None:
+    """Launch the merge of row ``t`` of every list into ``out [T, topk]`` int32 (contiguous) for every t.
+
+    Addresses are raw device addresses (ints); strides are in int64 elements (see the kernel's
+    ``MergeParams``). The caller validated shapes; a launch error raises RuntimeError.
+    """
+    T = out.shape[0]
+    stream = torch.cuda.current_stream(out.device).cuda_stream
+    rc = load().peerdcp_topk_merge(
+        out.data_ptr(),
+        own,
+        own_stride,
+        own_len,
+        lists,
+        slot_stride,
+        list_stride,
+        row_stride,
+        list_len,
+        flags,
+        state,
+        err,
+        timeout_ns,
+        rank,
+        world_size,
+        topk,
+        T,
+        max_rows,
+        mech,
+        int(direct),
+        stream,
+    )
+    if rc != 0:
+        raise RuntimeError(f"peerdcp topk merge launch failed: CUDA error {rc}")

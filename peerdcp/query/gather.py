@@ -46,7 +46,9 @@ EXCHANGES = ("auto", "raw", "roped")
 OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 # exchange="auto": T <= this moves the raw bf16 shard (the producer only copies before it signals: shortest
 # latency); larger T moves rows the producer already rotated and converted (FP8: half the NVLink bytes).
-AUTO_RAW_MAX_TOKENS = 1 << 30  # roped exchange was not byte-identical on H200 (bench, 2026-11-29): raw always
+# Measured on 2 x H200 (bench.query, 32 heads/rank, FP8, graph, 2026-11-30; both byte-exact): raw 5.86 / 8.18 /
+# 11.26 / 15.51 / 44.14 us vs roped 5.81 / 8.57 / 10.06 / 11.27 / 27.29 us at T = 1 / 8 / 32 / 64 / 256.
+AUTO_RAW_MAX_TOKENS = 8
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 
@@ -70,7 +72,9 @@ class QueryGather:
         pad_heads_to: None, 64 or 128: zero-pad the widened heads to this count (FlashMLA's sparse decode
             takes 64 or 128 heads); must be >= W * H.
         impl: kernel: direct ``"cuda"`` (csrc/query_direct.cu) or ``"triton"``; allgather ``"triton"``
-            (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available.
+            (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available. On a
+            GPU, ``backend="auto"`` with ``impl="auto"`` uses the direct backend only with the CUDA kernel
+            (the Triton direct kernel is the interpreter path and a twin, not cleared for GPU decode).
         exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"auto"``
             (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
@@ -199,6 +203,14 @@ class QueryGather:
         self.backend = chosen
         self.memory = kind if chosen == "direct" else None
         self.impl = self._choose_impl(impl, reasons)
+        if chosen == "direct" and backend == "auto" and impl == "auto" and self._gpu and self.impl == "triton":
+            # The Triton direct kernel is the interpreter path and the CUDA kernel's twin. On H200 it left
+            # 1-2 stale rows in 10,000 graph replays (2026-11-30, cause not found), so "auto" never puts it
+            # on a GPU's decode path: without the CUDA kernel the all-gather path is the correct choice.
+            chosen = self.backend = "allgather"
+            self.memory = None
+            reasons.append("allgather: the Triton direct kernel is not cleared for GPU use (impl='triton' forces it)")
+            self.impl = self._choose_impl("auto", reasons)
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange

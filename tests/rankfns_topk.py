@@ -211,6 +211,8 @@ def bad_inputs(memory: str = "host", device: str = "cpu") -> dict:
         {"max_rows": 4, "memory": "gpu"},
         {"max_rows": 4, "interleave": 0},
         {"max_rows": 4, "timeout_s": 0},
+        {"max_rows": 4, "merge_impl": "fast"},
+        *([{"max_rows": 4, "merge_impl": "cuda"}] if dev.type == "cpu" else []),  # no GPU: not available
     ):
         kw = {"memory": memory, "device": dev, **kwargs}
         expect_error(lambda kw=kw: peerdcp.TopK(**kw))

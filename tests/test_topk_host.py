@@ -84,6 +84,7 @@ def test_bad_input_raises_before_launch(pools):
     for r in res:
         assert r["errors"] == (
             ["ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
+            + ["ValueError", "ValueError"]  # merge_impl unknown; merge_impl="cuda" without a GPU
             + ["ValueError"]
             + ["TypeError", "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError"]
             + ["TypeError", "ValueError", "TypeError", "ValueError", "ValueError"]

@@ -302,8 +302,18 @@ class TopK:
             raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {merge_impl!r}")
         dev = resolve_device(device, cpu=memory == "host", owner="TopK: ")
         info = resolve_group(group)
+        # the merge kernel is local to a rank (its inbox, its flags), but an impossible request must fail on
+        # every rank alike and before any peer memory exists
+        try:
+            merge_choice, merge_err = choose_merge_impl(merge_impl, dev, info.world_size, topk), None
+        except ValueError as e:
+            merge_choice, merge_err = None, str(e)
         geo = (max_rows, topk, backend, memory, interleave, dev.type)
-        geos = all_gather_object(info, geo)
+        gathered = all_gather_object(info, (geo, merge_err))
+        errs = [(r, m) for r, (_, m) in enumerate(gathered) if m is not None]
+        if errs:
+            raise ValueError("; ".join(f"rank {r}: {m}" for r, m in errs))
+        geos = [g for g, _ in gathered]
         if len(set(geos)) != 1:
             raise ValueError(
                 f"TopK: ranks passed different (max_rows, topk, backend, memory, interleave, device type): {geos}"
@@ -336,8 +346,7 @@ class TopK:
         else:
             self.backend, self.memory = "allgather", "none"
             self.reason = f"allgather: {why}"
-        # the merge is local to a rank (its inbox, its flags): no agreement needed on the kernel
-        self.merge_impl, why_merge = choose_merge_impl(merge_impl, dev, self.world_size, topk)
+        self.merge_impl, why_merge = merge_choice
         self.reason += f"; {why_merge}"
         # state: [aborted after a timeout, epoch of row 0, ..., epoch of row max_rows - 1]
         self._state = torch.zeros(1 + max_rows, dtype=torch.int64, device=dev)

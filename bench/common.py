@@ -118,6 +118,23 @@ def device_barrier(group=None) -> None:
     dist.all_reduce(t, group=group)
 
 
+def warm_gpu(seconds: float = 0.2) -> None:
+    """Keep this rank's GPU busy for about ``seconds`` (back-to-back matmuls), so the first timed case does
+    not run at idle clocks. time_op's own warm-up is a few dozen calls (well under a millisecond of work);
+    on 2026-11-30 the first T of bench.output (T = 1) timed the LL kernel at 6.1 µs where the breakdown run,
+    which warms up first, measured 3.95 µs. No-op without CUDA."""
+    if not torch.cuda.is_available():
+        return
+    import time
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+
+
 def time_op(
     step: Callable[[int], Any],
     *,

@@ -51,6 +51,7 @@ from bench.common import (
     run_ranks,
     slowest_rank,
     time_op,
+    warm_gpu,
     write_json,
 )
 
@@ -201,6 +202,7 @@ def rank_main(cfg: dict) -> list[dict]:
             methods["sgl-a2a"] = sgl_a2a
             methods["sgl-ag_rs"] = SglAgRs(ko, W, rank)
         for T in cfg["tokens"]:
+            warm_gpu()  # every T starts at working clocks (the first T used to be timed cold)
             sets = []
             refs = []
             for k in range(N_SETS):

@@ -25,7 +25,16 @@ import time
 
 import torch
 
-from bench.common import add_common_args, format_table, header, plot_series, run_ranks, slowest_rank, time_op
+from bench.common import (
+    add_common_args,
+    format_table,
+    header,
+    plot_series,
+    run_ranks,
+    slowest_rank,
+    time_op,
+    warm_gpu,
+)
 
 TOKENS_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 TOKENS_QUICK = [1, 8, 32, 64, 128, 256]
@@ -103,6 +112,7 @@ def rank_main(cfg: dict) -> list[dict]:
                 if me == 0 and cfg["verbose"]:
                     print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
             for T in cfg["tokens"]:
+                warm_gpu()  # every T starts at working clocks (the first T used to be timed cold)
                 g = torch.Generator(device=dev).manual_seed(1000 * me + T)
                 # positions are the same on every rank (DCP: every rank decodes the same tokens); the
                 # "roped" exchange rotates each row with its producer's positions, so per-rank positions

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ..kernel_support import signal_release, wait_equal
+from ..kernel_support import next_epoch, signal_release, wait_equal
 
 __all__ = ["TOKEN_SPACE", "InboxLayout", "direct_kernel", "combine_kernel", "correct_kernel", "heads_per_unit"]
 
@@ -169,8 +169,7 @@ def direct_kernel(
     GPU: tl.constexpr,
 ):
     p = tl.program_id(0)
-    e = tl.load(epochs + p) + 1
-    tl.store(epochs + p, e)
+    e = next_epoch(epochs + p)
     slot = e % 2
     fv = e * 1048576 + T  # TOKEN_SPACE
     n_units = T * NC

@@ -205,8 +205,9 @@ class QueryGather:
         self.impl = self._choose_impl(impl, reasons)
         if chosen == "direct" and backend == "auto" and impl == "auto" and self._gpu and self.impl == "triton":
             # The Triton direct kernel is the interpreter path and the CUDA kernel's twin. On H200 it left
-            # 1-2 stale rows in 10,000 graph replays (2026-11-30, cause not found), so "auto" never puts it
-            # on a GPU's decode path: without the CUDA kernel the all-gather path is the correct choice.
+            # 1-2 wrong rows in 10,000 graph replays (2026-11-30); the likely cause, an unordered epoch
+            # read/increment across warps, is fixed (kernel_support.next_epoch) but not yet re-run on a GPU,
+            # so "auto" does not put it on a GPU's decode path: without the CUDA kernel, all-gather is safe.
             chosen = self.backend = "allgather"
             self.memory = None
             reasons.append("allgather: the Triton direct kernel is not cleared for GPU use (impl='triton' forces it)")

@@ -65,7 +65,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernel_support import fence_system, peer_pointer, signal_release, wait_equal
+from ..kernel_support import fence_system, next_epoch, peer_pointer, signal_release, wait_equal
 
 __all__ = [
     "MODE_RAW",
@@ -371,8 +371,7 @@ def direct_kernel(
     HW: tl.constexpr = W * H
     ACK: tl.constexpr = 2 * NPROG * W
     p = tl.program_id(0)
-    e = tl.load(epochs + p) + 1
-    tl.store(epochs + p, e)
+    e = next_epoch(epochs + p)
     par = e % 2
     _pad_rows(out, p, T, HW, HOUT, D, NOPE, NB, RB, BU, NPROG)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernel_support import peer_pointer, signal_release, wait_equal
+from ..kernel_support import next_epoch, peer_pointer, signal_release, wait_equal
 
 __all__ = [
     "_write_kernel",
@@ -225,8 +225,7 @@ def _publish_kernel(
     (later on the stream) reads it. Every rank makes the same calls, so the epochs agree across ranks.
     """
     t = tl.program_id(0).to(tl.int64)
-    epoch = tl.load(state + 1 + t) + 1
-    tl.store(state + 1 + t, epoch)
+    epoch = next_epoch(state + 1 + t)
     slot = epoch % 2
     for c in range(0, K, BLOCK):
         offs = c + tl.arange(0, BLOCK)

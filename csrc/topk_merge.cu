@@ -134,19 +134,23 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
   a.list_len = list_len, a.flags = flags, a.state = state, a.err = static_cast<int64_t*>(err);
   a.timeout_ns = timeout_ns, a.rank = rank, a.W = W, a.K = K, a.max_rows = max_rows, a.mech = mech;
   a.direct = direct;
+  // More than 48 KiB of dynamic shared memory needs the opt-in that peerdcp_topk_merge_max_keys made for
+  // this device (it is not done here: a CUDA graph may be capturing this launch).
   const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);
-  if (smem > 48 * 1024) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
   topk_merge_kernel<<<T, kThreads, smem, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 
-// Largest W * K (int64 keys) one CTA can stage on `device` (the host falls back to Triton above it).
+// Largest W * K (int64 keys) one CTA can stage on `device` (the host falls back to Triton above it), after
+// opting the kernel in to that much dynamic shared memory on `device` (once per device, before any launch;
+// TopK's constructor calls it). 0 on error.
 extern "C" int64_t peerdcp_topk_merge_max_keys(int device) {
-  int v = 0;
+  int v = 0, prev = 0;
   if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-  return (static_cast<int64_t>(v) - 64) / static_cast<int64_t>(sizeof(int64_t));
+  const int dyn = v - 64;  // the kernel's static shared words
+  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return 0;
+  const cudaError_t e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
+  cudaSetDevice(prev);
+  if (e != cudaSuccess) return 0;
+  return static_cast<int64_t>(dyn) / static_cast<int64_t>(sizeof(int64_t));
 }

@@ -55,7 +55,8 @@ def load() -> ctypes.CDLL:
 
 @functools.cache
 def max_keys(device: int) -> int:
-    """Most int64 keys (W x topk) the CUDA kernel stages per row in shared memory on ``device``."""
+    """Most int64 keys (W x topk) the CUDA kernel stages per row in shared memory on ``device``; also opts the
+    kernel in to that much dynamic shared memory there (once per device, never during a graph capture)."""
     return int(load().peerdcp_topk_merge_max_keys(device))
 
 

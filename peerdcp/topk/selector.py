@@ -136,12 +136,11 @@ def _merge_block(k: int, wp: int, device: torch.device) -> int:
 MERGE_IMPLS = ("auto", "cuda", "triton")
 
 
-def choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> tuple[str, str]:
-    """``(impl, why)`` for the merge kernel: ``"cuda"`` (csrc/topk_merge.cu, the lists of a row staged in
-    shared memory) on a GPU when it builds and ``W * k`` keys fit one CTA's shared memory, else
-    ``"triton"`` (the interpreter path and twin). ``requested="cuda"`` that cannot be met raises."""
-    if requested not in MERGE_IMPLS:
-        raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {requested!r}")
+def _choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> tuple[str, str]:
+    """``(impl, why)`` for the merge kernel (``requested``: one of :data:`MERGE_IMPLS`, checked by the caller):
+    ``"cuda"`` (csrc/topk_merge.cu, the lists of a row staged in shared memory) on a GPU when it builds and
+    ``W * k`` keys fit one CTA's shared memory, else ``"triton"`` (the interpreter path and twin).
+    ``requested="cuda"`` that cannot be met raises ValueError."""
     if requested == "triton":
         return "triton", "triton merge requested"
     why = None
@@ -305,7 +304,7 @@ class TopK:
         # the merge kernel is local to a rank (its inbox, its flags), but an impossible request must fail on
         # every rank alike and before any peer memory exists
         try:
-            merge_choice, merge_err = choose_merge_impl(merge_impl, dev, info.world_size, topk), None
+            merge_choice, merge_err = _choose_merge_impl(merge_impl, dev, info.world_size, topk), None
         except ValueError as e:
             merge_choice, merge_err = None, str(e)
         geo = (max_rows, topk, backend, memory, interleave, dev.type)

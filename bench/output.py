@@ -36,6 +36,7 @@ minus full, negative = faster).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import sys
@@ -60,11 +61,12 @@ HEAD_DIM = 512
 T_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 T_QUICK = [1, 8, 32, 128, 256]
 N_SETS = 4
-KERNEL_VARIANTS = {
-    "cuda": ("cuda", None),
-    "cuda_plain": ("cuda", 0),
-    "cuda_ll": ("cuda", "max"),
-    "triton": ("triton", None),
+KERNEL_VARIANTS = {  # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"])
+    "cuda": ("cuda", None, ()),
+    "cuda_pdl": ("cuda", None, ("pdl",)),
+    "cuda_plain": ("cuda", 0, ()),
+    "cuda_ll": ("cuda", "max", ()),
+    "triton": ("triton", None, ()),
 }
 # --breakdown: (column, stage mask of peerdcp.output.ops, TUNING["cuda_opts"]); mask None = the default build
 BREAKDOWN_VARIANTS = [
@@ -156,6 +158,19 @@ class SglAgRs:
 
 
 # ------------------------------------------------------------------------------------------ ranks
+@contextlib.contextmanager
+def _cuda_opts(opts: tuple):
+    """Reducers built inside read ``TUNING["cuda_opts"] = opts`` (restored after)."""
+    from peerdcp.output import reducer as R
+
+    saved = R.TUNING["cuda_opts"]
+    R.TUNING["cuda_opts"] = opts
+    try:
+        yield
+    finally:
+        R.TUNING["cuda_opts"] = saved
+
+
 def _inputs(seed: int, W: int, T: int, H: int, dtype=torch.bfloat16):
     """Every rank's partials for one set (same seed on every rank -> the reference is computable here)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -183,11 +198,12 @@ def rank_main(cfg: dict) -> list[dict]:
             for variant in cfg["kernels"]:
                 if memory != cfg["memories"][0] and variant not in cfg["kernels_all_memories"]:
                     continue
-                kernel, ll = KERNEL_VARIANTS[variant]
-                red = peerdcp.OutputReducer(
-                    None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory=memory,
-                    kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll,
-                )  # fmt: skip
+                kernel, ll, opts = KERNEL_VARIANTS[variant]
+                with _cuda_opts(opts):
+                    red = peerdcp.OutputReducer(
+                        None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory=memory,
+                        kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll,
+                    )  # fmt: skip
                 reducers.append(red)
                 methods[f"direct-{memory}-{variant}"] = red.reduce
         for b in cfg["baselines"]:

@@ -64,6 +64,8 @@ N_SETS = 4
 KERNEL_VARIANTS = {  # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"])
     "cuda": ("cuda", None, ()),
     "cuda_pdl": ("cuda", None, ("pdl",)),
+    "cuda_ll128": ("cuda", None, ("ll128",)),
+    "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl")),
     "cuda_plain": ("cuda", 0, ()),
     "cuda_ll": ("cuda", "max", ()),
     "triton": ("triton", None, ()),

@@ -47,6 +47,9 @@
 //                  so the slot argument is unchanged), then griddepcontrol.launch_dependents, so the next
 //                  PDL launch is staged while this one runs. Deadlock freedom: dependents are launched only
 //                  after every CTA of this grid issued the trigger, i.e. all of them are already resident.
+//   kOptLL128      calls with T > ll_max_tokens run output_direct_ll128_kernel (below; flags inside 128-byte
+//                  lines, NCCL's LL128) instead of the plain kernel. Not with kOptTightGrid (the LL128 reader of
+//                  an LSE word may be another CTA than its writer, so every CTA must run in every call).
 //
 // Stage breakdown (`stages`, benchmark only; 0 in every public path; outputs of a broken variant are
 // garbage): bits remove one stage and whatever waits for it, identically on every rank:
@@ -79,8 +82,8 @@ constexpr int kSkipPayload = 1, kSkipLse = 2, kSkipSync = 4, kSkipCombine = 8, k
               kStageInstrumented = 32;
 constexpr int kStagesAll = kSkipPayload | kSkipLse | kSkipSync | kSkipCombine | kStageEmpty | kStageInstrumented;
 // `opts` bits (opt-in variants; mirrors peerdcp/output/ops.py OPT_*)
-constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4;
-constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl;
+constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8;
+constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128;
 // compile-time kernel variants (template argument kVar): which of the above the instantiation contains
 constexpr int kVarStages = 1, kVarEarly = 2, kVarPdl = 4;
 
@@ -98,6 +101,7 @@ struct OutputDirectParams {
   int64_t payload_off;
   int64_t timeout_ns;
   int64_t ll_off;           // LL region (see output_direct_ll_kernel)
+  int64_t ll128_off;        // LL128 region (see output_direct_ll128_kernel; used with kOptLL128)
   int32_t T, rank, W, H, D, max_tokens, G, heads_per_unit;
   int32_t base2, mech, dtype;  // dtype: 0 = bf16, 1 = fp16
   int32_t ll_max_tokens;    // calls with T <= this use the LL kernel (0: never)
@@ -515,6 +519,265 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
   }
 }
 
+// ---------------------------------------------------------------------------------------------- LL128
+// Medium and large T (opt-in `kOptLL128`, used for T > ll_max_tokens): NCCL's LL128 idea. The payload row
+// of a (slot, source, token) travels as 128-byte lines of 16 eight-byte words: lanes 8q..8q+7 of a warp
+// store one line with one 16-byte st.volatile each, words 0..14 carry data and word 15 (lane 7's upper
+// half) carries the call's 64-bit flag value fv. The reader loads the line the same way (8 lanes, one
+// 16-byte ld.volatile each) and takes it once lane 7 sees fv: no fence, no separate flag round trip, and
+// each line is combined as soon as it is there, so the combine overlaps the transfer of later lines.
+// 1/16 of the bytes are flags (LL: 1/2).
+//
+// ASSUMPTION (not in the PTX memory model; the one NCCL's LL128 protocol makes, and enables by default on
+// NVLink Hopper): a 128-byte-aligned line written by 8 lanes of one warp store instruction becomes visible
+// to a reader's 8-lane load of the same line all at once, never torn. Every line store here is that one
+// instruction: the flag word is chosen by a select (no divergent store), and a line's 8 lanes are valid or
+// invalid together. That is why it is opt-in: the plain kernel (release flag after a fence) assumes only
+// the PTX model. A torn line would show up as wrong rows in the graph-replay tests with changing inputs.
+//
+// Layout at ll128_off, in 8-byte words: [2 slots][W src][max_tokens][rowW] with
+//   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),
+//   payload word w (elements 4w..4w+3 of the [H, D] slice) at line w / 15, word w % 15;
+//   the LSE of head h as an LL word {lse bits, f} at NL*16 + h (f = 2*epoch + 1, as the LL kernel).
+// Partition: the T*NL lines of a call are split evenly over the G CTAs, the same on every rank; CTA p
+// publishes its lines to every destination and combines the same lines of its own heads. LSE words are
+// split evenly too, so a line's reader may need an LSE another CTA published: every CTA runs in every
+// call (no tight grid with LL128), so every CTA's epoch counts the same calls and all flags agree.
+// Two slots suffice by the plain kernel's argument, applied to whole grids (stream order; with PDL,
+// griddepcontrol.wait precedes every access): A writes slot n%2 in call n after its call n-1 completed,
+// which read B's call-(n-1) lines, which B published after its call n-2 (the last reader of the slot)
+// completed. The region is separate from the LL and plain ones; the argument holds per region.
+// Flags: fv = epoch * 2^20 + T differs from the slot's previous value (epoch - 2) and from fresh zeros.
+constexpr int kLineWords = 16;  // 8-byte words per 128-byte line
+constexpr int kLineData = 15;   // data words per line (word 15 is the flag)
+constexpr unsigned kFullMask = 0xffffffffu;
+
+struct Ll128Geo {
+  int PW, NL, lines, lo, hi;  // payload words per slice, lines per row, lines of the call, this CTA's [lo, hi)
+  int64_t rowW;               // 8-byte words per (slot, src, token) row
+};
+
+__device__ __forceinline__ Ll128Geo make_ll128_geo(const OutputDirectParams& p, int prog) {
+  Ll128Geo g;
+  g.PW = p.H * (p.D >> 2);
+  g.NL = (g.PW + kLineData - 1) / kLineData;
+  g.rowW = int64_t(g.NL) * kLineWords + ((p.H + 15) & ~15);
+  g.lines = p.T * g.NL;  // the host keeps max_tokens * NL * 8 * W < 2^31
+  g.lo = static_cast<int>((int64_t(g.lines) * prog) / p.G);
+  g.hi = static_cast<int>((int64_t(g.lines) * (prog + 1)) / p.G);
+  return g;
+}
+
+// 4 elements (one 8-byte word) of every source -> the combined word; sets m and S of the combine rule.
+template <typename scalar_t, int WMAX>
+__device__ __forceinline__ uint2 combine_word(const OutputDirectParams& p, float own_l, uint2 own_w,
+                                              const float (&l)[WMAX], const uint2 (&x)[WMAX], float& m_out,
+                                              float& s_out) {
+  using P8 = peerdcp::Pack8<scalar_t>;
+  const int W = p.W, rank = p.rank;
+  float ls[WMAX];
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < WMAX; ++s) {
+    if (s < W) {
+      ls[s] = sanitize(s == rank ? own_l : l[s]);
+      m = fmaxf(m, ls[s]);
+    }
+  }
+  if (m == -INFINITY) m = 0.f;
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, S = 0.f;
+#pragma unroll
+  for (int s = 0; s < WMAX; ++s) {
+    if (s < W) {
+      const float w = p.base2 ? exp2f(ls[s] - m) : __expf(ls[s] - m);
+      S += w;
+      if (w > 0.f) {  // select, never 0 * payload
+        const uint2 v = s == rank ? own_w : x[s];
+        a0 = fmaf(w, P8::lo(v.x), a0);
+        a1 = fmaf(w, P8::hi(v.x), a1);
+        a2 = fmaf(w, P8::lo(v.y), a2);
+        a3 = fmaf(w, P8::hi(v.y), a3);
+      }
+    }
+  }
+  const float inv = S > 0.f ? 1.f / S : 0.f;
+  m_out = m;
+  s_out = S;
+  return make_uint2(P8::pack(a0 * inv, a1 * inv), P8::pack(a2 * inv, a3 * inv));
+}
+
+template <typename scalar_t, int WMAX, int kVar>
+__global__ void __launch_bounds__(kBlock) output_direct_ll128_kernel(const __grid_constant__ OutputDirectParams p) {
+  if constexpr ((kVar & kVarPdl) != 0) {
+    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
+    griddep_launch_dependents();
+  }
+  const int prog = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 7;                  // lane within the line's 8-lane group
+  const int flag_lane = (tid & 31) | 7;      // the group's lane 7, within the warp
+  const Ll128Geo g = make_ll128_geo(p, prog);
+  __shared__ int64_t s_epoch;
+  if (tid == 0) {
+    const int64_t e = p.epochs[prog] + 1;
+    p.epochs[prog] = e;
+    s_epoch = e;
+  }
+  __syncthreads();
+  const int64_t e = s_epoch;
+  const int slot = static_cast<int>(e & 1);
+  const int64_t fv = e * kTokenSpace + p.T;
+  const uint32_t flo = static_cast<uint32_t>(fv), fhi = static_cast<uint32_t>(static_cast<uint64_t>(fv) >> 32);
+  const uint32_t f = static_cast<uint32_t>(2 * e + 1);
+  const int W = p.W, H = p.H, rank = p.rank, T = p.T, PW = g.PW, NL = g.NL;
+  const int64_t rowW = g.rowW;
+  const uint2* src = reinterpret_cast<const uint2*>(p.partial_out);  // 8-byte words
+  const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
+
+  // ---- 1. LSE words first (few; they travel ahead of the lines that need them)
+  {
+    const int n_lse = (W - 1) * T * H;
+    const int l0 = static_cast<int>((int64_t(n_lse) * prog) / p.G), l1 = static_cast<int>((int64_t(n_lse) * (prog + 1)) / p.G);
+    for (int i = l0 + tid; i < l1; i += kBlock) {
+      const int dj = i / (T * H);
+      const int r = i - dj * T * H;
+      const int t = r / H, h = r - (r / H) * H;
+      const int d = dj + (dj >= rank);
+      const float v = __ldg(p.partial_lse + int64_t(t) * W * H + d * H + h);
+      uint2* dl = reinterpret_cast<uint2*>(p.peer_base[d] + p.ll128_off) + (my_row0 + t) * rowW +
+                  int64_t(NL) * kLineWords + h;
+      peerdcp::st_volatile_v2(dl, __float_as_uint(v), f);
+    }
+  }
+
+  // ---- 2. payload lines: (destination, line, lane) items, kPubUnroll lines' loads in flight per thread
+  const int nmine = g.hi - g.lo;
+  const int n_pub = (W - 1) * nmine * 8;
+  for (int i0 = tid; i0 < n_pub; i0 += kBlock * kPubUnroll) {
+    uint2 a[kPubUnroll], b[kPubUnroll];
+    uint4* dst[kPubUnroll];
+#pragma unroll
+    for (int k = 0; k < kPubUnroll; ++k) {
+      const int i = i0 + k * kBlock;
+      dst[k] = nullptr;
+      a[k] = b[k] = make_uint2(0, 0);
+      if (i < n_pub) {  // the same for the 8 lanes of a line (kBlock is a multiple of 8)
+        const int li = i >> 3;
+        const int dj = li / nmine;
+        const int gl = g.lo + (li - dj * nmine);
+        const int t = gl / NL, L = gl - (gl / NL) * NL;
+        const int d = dj + (dj >= rank);
+        const int w = L * kLineData + 2 * lane;
+        const uint2* s = src + (int64_t(t) * W + d) * PW;
+        if (w < PW) a[k] = __ldg(s + w);
+        if (lane < 7 && w + 1 < PW) b[k] = __ldg(s + w + 1);
+        dst[k] = reinterpret_cast<uint4*>(reinterpret_cast<uint2*>(p.peer_base[d] + p.ll128_off) +
+                                          (my_row0 + t) * rowW + int64_t(L) * kLineWords) + lane;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPubUnroll; ++k) {
+      // one store instruction per line for all 8 lanes: lane 7's upper half is the flag, by a select
+      const uint32_t z = lane == 7 ? flo : b[k].x, q = lane == 7 ? fhi : b[k].y;
+      if (dst[k] != nullptr) peerdcp::st_volatile_v4(dst[k], a[k].x, a[k].y, z, q);
+    }
+  }
+
+  // ---- 3. combine my lines of my heads as they arrive (bounded poll per warp)
+  const char* inbox = p.peer_base[rank] + p.ll128_off;
+  uint2* out = reinterpret_cast<uint2*>(p.out);
+  const int n_cons = nmine * 8;
+  int dead = 0;      // sources whose lines timed out (warp-uniform: set only by the warp's collective decision)
+  int lse_dead = 0;  // sources whose LSE word timed out for this thread
+  for (int base = 0; base < n_cons; base += kBlock) {  // the same trip count in every thread (warp collectives)
+    const int i = base + tid;
+    const bool valid = i < n_cons;
+    int t = 0, L = 0, w = 0;
+    if (valid) {
+      const int gl = g.lo + (i >> 3);
+      t = gl / NL;
+      L = gl - t * NL;
+      w = L * kLineData + 2 * lane;
+    }
+    const bool has0 = valid && w < PW, has1 = valid && lane < 7 && w + 1 < PW;
+    const int h0 = has0 ? (4 * w) / p.D : 0, h1 = has1 ? (4 * (w + 1)) / p.D : h0;
+    const uint2* own = src + (int64_t(t) * W + rank) * PW;
+    const uint2 ow0 = has0 ? __ldg(own + w) : make_uint2(0, 0), ow1 = has1 ? __ldg(own + w + 1) : make_uint2(0, 0);
+    const float* own_lse = p.partial_lse + int64_t(t) * W * H + rank * H;
+    const float ol0 = has0 ? __ldg(own_lse + h0) : -INFINITY, ol1 = has1 ? __ldg(own_lse + h1) : -INFINITY;
+    float l0[WMAX], l1[WMAX];
+    uint2 x0[WMAX], x1[WMAX];
+#pragma unroll
+    for (int s = 0; s < WMAX; ++s) {
+      if (s >= W || s == rank) continue;  // uniform
+      const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.max_tokens + t) * rowW;
+      const uint4* lp = reinterpret_cast<const uint4*>(row + int64_t(L) * kLineWords) + lane;
+      const uint2* lw = row + int64_t(NL) * kLineWords;  // the row's LSE words
+      // line and LSE words in one round trip (the LSE words usually arrived first: published first)
+      uint4 v = valid ? peerdcp::ld_volatile_v4(lp) : make_uint4(0, 0, 0, 0);
+      uint2 c0 = has0 ? peerdcp::ld_volatile_v2(lw + h0) : make_uint2(0, 0);
+      uint2 c1 = has1 && h1 != h0 ? peerdcp::ld_volatile_v2(lw + h1) : c0;
+      bool rdy = __shfl_sync(kFullMask, !valid || (v.z == flo && v.w == fhi), flag_lane);
+      if (!__all_sync(kFullMask, rdy) && !((dead >> s) & 1)) {
+        const uint64_t t0 = peerdcp::global_timer_ns();
+        int spins = 0;
+        while (true) {
+          if (!rdy) v = peerdcp::ld_volatile_v4(lp);  // whole line again (never a torn mix of two reads)
+          rdy = __shfl_sync(kFullMask, !valid || (v.z == flo && v.w == fhi), flag_lane);
+          if (__all_sync(kFullMask, rdy)) break;
+          if (++spins == 64) {
+            spins = 0;
+            const bool late = static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns;
+            if (__shfl_sync(kFullMask, late, 0)) break;
+          }
+        }
+        if (!__all_sync(kFullMask, rdy)) {  // timed out: source s counts as empty from here on (warp-uniform)
+          dead |= 1 << s;
+          if ((tid & 31) == 0) peerdcp::report_timeout(p.err, rank, s, p.mech, fv);
+        }
+      }
+      // an LSE word not there yet: bounded per-thread poll (the line's flag does not cover it)
+      auto settle = [&](uint2& c, int h) {
+        if (c.y == f || ((lse_dead >> s) & 1)) return;
+        const uint64_t t0 = peerdcp::global_timer_ns();
+        int spins = 0;
+        while (c.y != f) {
+          c = peerdcp::ld_volatile_v2(lw + h);
+          if (c.y != f && ++spins == 64) {
+            spins = 0;
+            if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+          }
+        }
+        if (c.y != f) {
+          lse_dead |= 1 << s;
+          peerdcp::report_timeout(p.err, rank, s, p.mech, fv);
+        }
+      };
+      const bool line_ok = valid && rdy;
+      if (has0 && line_ok) settle(c0, h0);
+      if (has1 && line_ok && h1 != h0) settle(c1, h1);
+      if (h1 == h0) c1 = c0;
+      l0[s] = has0 && line_ok && c0.y == f ? __uint_as_float(c0.x) : -INFINITY;
+      l1[s] = has1 && line_ok && c1.y == f ? __uint_as_float(c1.x) : -INFINITY;
+      x0[s] = make_uint2(v.x, v.y);
+      x1[s] = make_uint2(v.z, v.w);
+    }
+    float m, S;
+    if (has0) {
+      out[int64_t(t) * PW + w] = combine_word<scalar_t, WMAX>(p, ol0, ow0, l0, x0, m, S);
+      if (p.out_lse != nullptr && (4 * w) % p.D == 0) {
+        p.out_lse[int64_t(t) * H + h0] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+      }
+    }
+    if (has1) {
+      out[int64_t(t) * PW + w + 1] = combine_word<scalar_t, WMAX>(p, ol1, ow1, l1, x1, m, S);
+      if (p.out_lse != nullptr && (4 * (w + 1)) % p.D == 0) {
+        p.out_lse[int64_t(t) * H + h1] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+      }
+    }
+  }
+}
+
 // Launch one instantiation: with PDL through cudaLaunchKernelEx (capturable: a programmatic graph edge).
 template <int kVar>
 cudaError_t launch_one(void (*kernel)(const OutputDirectParams), int grid, const OutputDirectParams& p,
@@ -545,6 +808,10 @@ cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
     grid = n_units < p.G ? static_cast<int>(n_units) : p.G;
   }
   if (p.T <= p.ll_max_tokens) return launch_one<kVar>(output_direct_ll_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
+  if (p.opts & kOptLL128) {  // every CTA, every call (see the LL128 notes); stages / early load do not apply
+    constexpr int kVarLL128 = kVar & kVarPdl;
+    return launch_one<kVarLL128>(output_direct_ll128_kernel<scalar_t, WMAX, kVarLL128>, p.G, p, stream);
+  }
   return launch_one<kVar>(output_direct_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
 }
 
@@ -581,14 +848,17 @@ cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
 
 template <typename scalar_t, int WMAX, int kVar>
 int blocks_per_sm_var() {
-  int a = 0, b = 0;
+  int a = 0, b = 0, c = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
           cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, output_direct_ll_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
-          cudaSuccess) {
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, output_direct_ll128_kernel<scalar_t, WMAX, kVar & kVarPdl>,
+                                                    kBlock, 0) != cudaSuccess) {
     return 0;
   }
-  return a < b ? a : b;
+  const int ab = a < b ? a : b;
+  return ab < c ? ab : c;
 }
 
 template <typename scalar_t, int WMAX>
@@ -634,6 +904,12 @@ extern "C" int peerdcp_output_direct_blocks_per_sm_variant(int W, int dtype, int
   return a < b ? a : b;
 }
 
+// LL128 item indices are int32: max_tokens * NL * 8 lanes * W must stay below 2^31 (the reducer checks it too).
+inline bool ll128_fits(const OutputDirectParams& p) {
+  const int64_t pw = int64_t(p.H) * (p.D >> 2), nl = (pw + kLineData - 1) / kLineData;
+  return int64_t(p.max_tokens) * nl * 8 * p.W < (int64_t(1) << 31) && int64_t(p.T) * p.W * p.H < (int64_t(1) << 31);
+}
+
 // The parameter block is passed as void*: OutputDirectParams lives in an unnamed namespace, and a
 // function whose signature names such a type gets internal linkage even when declared extern "C".
 extern "C" int peerdcp_output_direct(const void* params, void* stream, int device) {
@@ -641,7 +917,8 @@ extern "C" int peerdcp_output_direct(const void* params, void* stream, int devic
   if (p == nullptr || p->W < 2 || p->W > kMaxWorld || p->rank < 0 || p->rank >= p->W || p->G < 1 || p->T < 1 ||
       p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens ||
       (p->stages & ~kStagesAll) != 0 || (p->opts & ~kOptsAll) != 0 ||
-      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl)) != 0)) {
+      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128)) != 0) ||
+      ((p->opts & kOptLL128) != 0 && ((p->opts & kOptTightGrid) != 0 || !ll128_fits(*p)))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const cudaError_t dev_err = cudaSetDevice(device);

@@ -200,3 +200,11 @@ def test_inbox_layout_is_aligned_and_disjoint():
         assert L.nbytes >= L.ll_off + 2 * 2 * ll * L.ll_row_words * 8
         assert all(o % 256 == 0 for o in (L.lse_off, L.payload_off, L.ll_off))
         assert (L.ll_row_words * 8) % 16 == 0  # LL rows start on 16-byte lines
+        assert L.nbytes == L.ll128_off  # no LL128 region unless asked for
+    for H, D, T in [(16, 512, 256), (3, 24, 5), (32, 512, 7)]:
+        L = InboxLayout(2, 264, T, H, D, 2, 8, ll128_tokens=T)
+        assert L.ll128_off >= L.ll_off + 2 * 2 * 8 * L.ll_row_words * 8 and L.ll128_off % 256 == 0
+        assert L.ll128_lines * 15 >= H * D // 4 > (L.ll128_lines - 1) * 15  # 15 data words per line
+        assert L.ll128_row_words % 16 == 0 and L.ll128_row_words >= L.ll128_lines * 16 + H  # whole lines
+        assert L.nbytes >= L.ll128_off + 2 * 2 * T * L.ll128_row_words * 8
+    assert InboxLayout(2, 264, 256, 16, 512, 2, 8, ll128_tokens=256).ll128_lines == 137  # Kimi: 2048 words

@@ -23,8 +23,21 @@ def _pool(pools):
 
 
 # kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),
-# "cuda_plain" (never LL), "triton" (the Triton twin)
-VARIANTS = {"cuda": ("cuda", None), "cuda_ll": ("cuda", "max"), "cuda_plain": ("cuda", 0), "triton": ("triton", None)}
+# "cuda_plain" (never LL), "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
+# "triton" (the Triton twin)
+VARIANTS = {
+    "cuda": ("cuda", None),
+    "cuda_ll": ("cuda", "max"),
+    "cuda_plain": ("cuda", 0),
+    "cuda_ll128": ("cuda", None),
+    "triton": ("triton", None),
+}
+OPTS = {"cuda_ll128": ("ll128",)}  # TUNING["cuda_opts"] of a variant (default: ())
+
+
+def _run(pool, kernel: str, fn_name: str, *args, **kw):
+    """``fns.<fn_name>(*args)`` on every rank, under the variant's TUNING["cuda_opts"]."""
+    return pool.run(fns.with_cuda_opts, OPTS.get(kernel, ()), fn_name, *args, **kw)
 
 
 def _cfg(backend, memory="auto", kernel="auto", dtype=torch.bfloat16, lse_base="e", max_tokens=256, **geo):
@@ -47,19 +60,20 @@ def _ok(res):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_ll", "cuda_plain", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_ll128", "triton"])
 def test_direct_agrees_with_reference(pools, memory, kernel):
-    """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2; 50 calls
-    back to back with new inputs and no barrier."""
+    """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2 (T up to 64);
+    50 calls back to back with new inputs and no barrier."""
     cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate(TS)]
-    res = _pool(pools).run(fns.run_cases, _cfg("direct", memory, kernel), cases, 41)
+    pool = _pool(pools)
+    res = _run(pool, kernel, "run_cases", _cfg("direct", memory, kernel), cases, 41)
     _ok(res)
     assert res[0][0]["backend"] == "direct" and res[0][0]["memory"] == memory
     assert res[0][0]["kernel"] == VARIANTS[kernel][0]
-    res = _pool(pools).run(fns.run_cases, _cfg("direct", memory, kernel, torch.float16, 2), cases[:3], 42)
+    res = _run(pool, kernel, "run_cases", _cfg("direct", memory, kernel, torch.float16, 2), cases[:4], 42)
     _ok(res)
     many = [dict(T=(i * 37) % 64 + 1, return_lse=(i % 4 == 0)) for i in range(50)]
-    _ok(_pool(pools).run(fns.run_cases, _cfg("direct", memory, kernel), many, 43))
+    _ok(_run(pool, kernel, "run_cases", _cfg("direct", memory, kernel), many, 43))
 
 
 def test_odd_geometry_falls_back_to_triton(pools):
@@ -92,13 +106,11 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128", "triton"])
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
-    """One graph = a T=128 call (plain protocol) then a T=3 call (LL protocol for "cuda")."""
-    replays = 10_000 if kernel == "cuda" else 2_000
-    res = _pool(pools).run(
-        fns.graph_replays, _cfg("direct", memory, kernel), replays, 128, 3, timeout=900
-    )  # fmt: skip
+    """One graph = a T=128 call (plain / LL128 protocol) then a T=3 call (LL protocol for "cuda*")."""
+    replays = 10_000 if kernel in ("cuda", "cuda_ll128") else 2_000
+    res = _run(_pool(pools), kernel, "graph_replays", _cfg("direct", memory, kernel), replays, 128, 3, timeout=900)
     for r in res:
         assert r["kernel"] == VARIANTS[kernel][0] and r["memory"] == memory, r
         assert r["replays"] == replays and r["mismatches"] == 0, r

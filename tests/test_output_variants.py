@@ -48,6 +48,8 @@ def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
         assert all(r.get("error", "").startswith("ValueError") and "cuda_opts" in r["error"] for r in res), res
     res = pools(2).run(fns.construct_with_opts, HOST, ("tight_grid", "pdl"))
     assert all(r.get("kernel") == "triton" and r["cuda_opts"] == () for r in res), res
+    res = pools(2).run(fns.construct_with_opts, HOST, ("ll128", "tight_grid"))
+    assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res), res
 
 
 @needs_nvcc
@@ -78,7 +80,12 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
 
     invalid = 1  # cudaErrorInvalidValue
     assert rc(64, 0) == invalid
-    assert rc(0, 8) == invalid
+    assert rc(0, 16) == invalid
+    assert rc(0, ops.OPTS["ll128"] | ops.OPTS["tight_grid"]) == invalid
+    assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["ll128"]) == invalid
+    p.max_tokens = 2**20 - 1  # LL128 line indices would overflow int32
+    assert rc(0, ops.OPTS["ll128"]) == invalid
+    p.max_tokens = 8
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["pdl"]) == invalid
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["early_load"]) == invalid
     p.stages, p.opts = 0, 2
@@ -87,7 +94,14 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
 # ---------------------------------------------------------------------------------------------- GPU
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512, max_tokens=256, timeout_s=30.0, backend="direct", kernel="cuda")
-OPT_SETS = [("tight_grid",), ("early_load",), ("pdl",), ("tight_grid", "early_load", "pdl")]
+OPT_SETS = [
+    ("tight_grid",),
+    ("early_load",),
+    ("pdl",),
+    ("tight_grid", "early_load", "pdl"),
+    ("ll128",),
+    ("ll128", "pdl"),
+]
 
 
 @pytest.mark.multigpu

@@ -60,6 +60,9 @@ class InboxLayout:
     ``payload dtype[2, W, max_tokens, H, D]`` at ``payload_off`` (source s's partial for this rank's heads)
     ``ll     u64   [2, W, ll_tokens, H*D/2 + H (+1 if H odd)]`` at ``ll_off``: the CUDA kernel's LL region
     (8-byte words {4 data bytes, 4 flag bytes}; absent when ``ll_tokens`` is 0)
+    ``ll128  u64   [2, W, ll128_tokens, ll128_row_words]`` at ``ll128_off``: the CUDA kernel's LL128 region
+    (``ll128_lines`` 128-byte lines of 15 data words + 1 flag word, then H LL words of LSE, padded to a line;
+    absent when ``ll128_tokens`` is 0)
 
     Row ``[k, s]`` is written only by source s; the row of the inbox owner itself stays unused (its own
     slice is read from the input).
@@ -72,6 +75,7 @@ class InboxLayout:
     head_dim: int
     elem_size: int
     ll_tokens: int = 0
+    ll128_tokens: int = 0
 
     @property
     def flag_off(self) -> int:
@@ -95,8 +99,21 @@ class InboxLayout:
         return self.heads * (self.head_dim // 2) + self.heads + (self.heads & 1)
 
     @property
-    def nbytes(self) -> int:
+    def ll128_off(self) -> int:
         return self.ll_off + _round_up(2 * self.world_size * self.ll_tokens * self.ll_row_words * 8)
+
+    @property
+    def ll128_lines(self) -> int:
+        payload_words = self.heads * self.head_dim * self.elem_size // 8
+        return -(-payload_words // 15)
+
+    @property
+    def ll128_row_words(self) -> int:
+        return self.ll128_lines * 16 + -(-self.heads // 16) * 16
+
+    @property
+    def nbytes(self) -> int:
+        return self.ll128_off + _round_up(2 * self.world_size * self.ll128_tokens * self.ll128_row_words * 8)
 
 
 def heads_per_unit(heads: int, head_dim: int, target_elems: int) -> int:

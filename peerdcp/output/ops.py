@@ -23,7 +23,7 @@ _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 # Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output_direct.cu). The default is
 # none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
-OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4}
+OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8}
 
 # Stage-breakdown bits (``stages``; benchmark only, never set by a public path; outputs are garbage).
 STAGE_SKIP_PAYLOAD = 1
@@ -68,6 +68,7 @@ class OutputDirectParams(ctypes.Structure):
         ("payload_off", ctypes.c_int64),
         ("timeout_ns", ctypes.c_int64),
         ("ll_off", ctypes.c_int64),
+        ("ll128_off", ctypes.c_int64),
         ("T", ctypes.c_int32),
         ("rank", ctypes.c_int32),
         ("W", ctypes.c_int32),
@@ -148,6 +149,7 @@ class DirectLauncher:
         ll_off: int = 0,
         ll_max_tokens: int = 0,
         opts: int = 0,
+        ll128_off: int = 0,
     ) -> None:
         self._lib = library()
         self._device = ctypes.c_int(device)
@@ -157,6 +159,7 @@ class DirectLauncher:
         p.epochs = epochs.data_ptr()
         p.err = err_addr
         p.lse_off, p.payload_off, p.timeout_ns, p.ll_off = lse_off, payload_off, timeout_ns, ll_off
+        p.ll128_off = ll128_off
         p.ll_max_tokens = ll_max_tokens
         p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
         p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
@@ -187,8 +190,8 @@ class DirectLauncher:
         """Benchmark only (see :func:`_set_breakdown_stages`): later launches (and captures) use ``stages``."""
         if isinstance(stages, bool) or not isinstance(stages, int) or stages & ~_STAGES_ALL:
             raise ValueError(f"stages must be an int mask of the STAGE_* bits (0..{_STAGES_ALL}), got {stages!r}")
-        if stages and self._p.opts & (OPTS["early_load"] | OPTS["pdl"]):
-            raise ValueError("the stage breakdown runs the default kernel: not with opts early_load / pdl")
+        if stages and self._p.opts & (OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"]):
+            raise ValueError("the stage breakdown runs the default kernel: not with opts early_load / pdl / ll128")
         self._p.stages = stages
 
 
@@ -233,6 +236,7 @@ def output_direct(
     ll_off: int,
     ll_max_tokens: int,
     opts: int = 0,
+    ll128_off: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
@@ -257,6 +261,7 @@ def output_direct(
         ll_off=ll_off,
         ll_max_tokens=ll_max_tokens,
         opts=opts,
+        ll128_off=ll128_off,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -265,5 +270,6 @@ def output_direct(
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
+    ll128_off=0,
 ) -> None:  # fmt: skip
     return None

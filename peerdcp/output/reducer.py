@@ -66,11 +66,13 @@ TUNING = {
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
     # CUDA kernel opt-in variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
-    # "pdl" (programmatic dependent launch). Default none; bench/output.py measures them against it.
+    # "pdl" (programmatic dependent launch), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
+    # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output_direct.cu). Default none;
+    # bench/output.py measures them against it.
     "cuda_opts": (),
 }
 
-_CUDA_OPTS = ("tight_grid", "early_load", "pdl")  # = peerdcp.output.ops.OPTS (ops imports the CUDA build)
+_CUDA_OPTS = ("tight_grid", "early_load", "pdl", "ll128")  # = peerdcp.output.ops.OPTS (ops imports the CUDA build)
 
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -180,6 +182,12 @@ class OutputReducer:
             )
             cuda_opts = ()
         cuda_opts = tuple(sorted(set(cuda_opts)))
+        if "ll128" in cuda_opts and "tight_grid" in cuda_opts:
+            problems.append((ValueError, "TUNING['cuda_opts']: 'll128' and 'tight_grid' exclude each other"))
+        if "ll128" in cuda_opts and isinstance(max_tokens, int) and isinstance(heads_per_rank, int):
+            lines = -(-(heads_per_rank * (head_dim // 4)) // 15) if isinstance(head_dim, int) else 0
+            if max_tokens * lines * 8 * info.world_size >= 2**31:
+                problems.append((ValueError, "TUNING['cuda_opts'] 'll128': max_tokens * heads too large (int32 lines)"))
         geometry = (
             max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll, cuda_opts,
         )  # fmt: skip
@@ -308,7 +316,10 @@ class OutputReducer:
             self.reason += f", opt-in variants {'+'.join(self.cuda_opts)}"
 
         elem = torch.empty((), dtype=self.dtype).element_size()
-        self._layout = K.InboxLayout(W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens)
+        ll128 = self.max_tokens if "ll128" in self.cuda_opts else 0
+        self._layout = K.InboxLayout(
+            W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens, ll128_tokens=ll128
+        )
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
         self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
@@ -340,6 +351,7 @@ class OutputReducer:
                 ll_off=self._layout.ll_off,
                 ll_max_tokens=self.ll_max_tokens,
                 opts=self._opts_mask,
+                ll128_off=self._layout.ll128_off,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -441,7 +453,7 @@ class OutputReducer:
                     po, pl, out, out_lse if out_lse is not None else self._dummy_lse, self._epochs,
                     self._buf.peer_addrs, self._err.kernel_arg(), self.rank, self.programs, self._hpu,
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
-                    out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask,
+                    out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

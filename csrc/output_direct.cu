@@ -551,6 +551,12 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
 constexpr int kLineWords = 16;  // 8-byte words per 128-byte line
 constexpr int kLineData = 15;   // data words per line (word 15 is the flag)
 constexpr unsigned kFullMask = 0xffffffffu;
+// Warp roles. Split (half the warps publish, half combine, no barrier between) was measured slower on
+// H200 (2026-11-30: T = 128 17.4 vs 13.5 us), so every thread publishes, then combines.
+constexpr bool kLL128SplitRoles = false;
+constexpr int kProducers = kLL128SplitRoles ? kBlock / 2 : kBlock;  // threads (whole warps) that publish
+constexpr int kConsumers = kLL128SplitRoles ? kBlock - kProducers : kBlock;
+constexpr int kConsumer0 = kLL128SplitRoles ? kProducers : 0;        // first combining thread
 
 struct Ll128Geo {
   int PW, NL, lines, lo, hi;  // payload words per slice, lines per row, lines of the call, this CTA's [lo, hi)
@@ -568,37 +574,39 @@ __device__ __forceinline__ Ll128Geo make_ll128_geo(const OutputDirectParams& p, 
   return g;
 }
 
-// 4 elements (one 8-byte word) of every source -> the combined word; sets m and S of the combine rule.
-template <typename scalar_t, int WMAX>
+// 4 elements (one 8-byte word): own source (own_l, own_w) and the W-1 others (l[j], x[j], source
+// s = j + (j >= rank)) -> the combined word; sets m and S. Own term first, then the others (compile-time
+// indices only: a source-ordered sum would index the arrays with the runtime rank and spill them).
+template <typename scalar_t, int NO>
 __device__ __forceinline__ uint2 combine_word(const OutputDirectParams& p, float own_l, uint2 own_w,
-                                              const float (&l)[WMAX], const uint2 (&x)[WMAX], float& m_out,
+                                              const float (&l)[NO], const uint2 (&x)[NO], float& m_out,
                                               float& s_out) {
   using P8 = peerdcp::Pack8<scalar_t>;
-  const int W = p.W, rank = p.rank;
-  float ls[WMAX];
-  float m = -INFINITY;
+  const int n = p.W - 1;
+  const float lo = sanitize(own_l);
+  float ls[NO];
+  float m = lo;
 #pragma unroll
-  for (int s = 0; s < WMAX; ++s) {
-    if (s < W) {
-      ls[s] = sanitize(s == rank ? own_l : l[s]);
-      m = fmaxf(m, ls[s]);
-    }
+  for (int j = 0; j < NO; ++j) {
+    ls[j] = j < n ? sanitize(l[j]) : -INFINITY;
+    m = fmaxf(m, ls[j]);
   }
   if (m == -INFINITY) m = 0.f;
   float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, S = 0.f;
-#pragma unroll
-  for (int s = 0; s < WMAX; ++s) {
-    if (s < W) {
-      const float w = p.base2 ? exp2f(ls[s] - m) : __expf(ls[s] - m);
-      S += w;
-      if (w > 0.f) {  // select, never 0 * payload
-        const uint2 v = s == rank ? own_w : x[s];
-        a0 = fmaf(w, P8::lo(v.x), a0);
-        a1 = fmaf(w, P8::hi(v.x), a1);
-        a2 = fmaf(w, P8::lo(v.y), a2);
-        a3 = fmaf(w, P8::hi(v.y), a3);
-      }
+  auto add = [&](float lw, uint2 v) {
+    const float w = p.base2 ? exp2f(lw - m) : __expf(lw - m);
+    S += w;
+    if (w > 0.f) {  // select, never 0 * payload
+      a0 = fmaf(w, P8::lo(v.x), a0);
+      a1 = fmaf(w, P8::hi(v.x), a1);
+      a2 = fmaf(w, P8::lo(v.y), a2);
+      a3 = fmaf(w, P8::hi(v.y), a3);
     }
+  };
+  add(lo, own_w);
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    if (j < n) add(ls[j], x[j]);
   }
   const float inv = S > 0.f ? 1.f / S : 0.f;
   m_out = m;
@@ -607,7 +615,7 @@ __device__ __forceinline__ uint2 combine_word(const OutputDirectParams& p, float
 }
 
 template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock) output_direct_ll128_kernel(const __grid_constant__ OutputDirectParams p) {
+__global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __grid_constant__ OutputDirectParams p) {
   if constexpr ((kVar & kVarPdl) != 0) {
     griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
     griddep_launch_dependents();
@@ -634,11 +642,15 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll128_kernel(const __gri
   const uint2* src = reinterpret_cast<const uint2*>(p.partial_out);  // 8-byte words
   const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
 
+  // Warp roles (kLL128SplitRoles): either every thread publishes and then combines, or warps publish and
+  // others combine with nothing ordering the two (producers never wait, so a consumer's wait always ends).
+  const bool producer = tid < kProducers;
+  const bool consumer = tid >= kConsumer0;
   // ---- 1. LSE words first (few; they travel ahead of the lines that need them)
   {
     const int n_lse = (W - 1) * T * H;
     const int l0 = static_cast<int>((int64_t(n_lse) * prog) / p.G), l1 = static_cast<int>((int64_t(n_lse) * (prog + 1)) / p.G);
-    for (int i = l0 + tid; i < l1; i += kBlock) {
+    for (int i = l0 + tid; producer && i < l1; i += kProducers) {
       const int dj = i / (T * H);
       const int r = i - dj * T * H;
       const int t = r / H, h = r - (r / H) * H;
@@ -650,15 +662,18 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll128_kernel(const __gri
     }
   }
 
-  // ---- 2. payload lines: (destination, line, lane) items, kPubUnroll lines' loads in flight per thread
+  // ---- 2. payload lines: (destination, line, lane) items, kPubUnroll lines' loads in flight per thread.
+  // The line stores are weak st.global.v4: the volatile stores of the LL kernel move 8 MiB in ~50 us at
+  // T = 256 (~170 GB/s) where the plain kernel's weak stores reach ~330 GB/s; the one-instruction-per-line
+  // rule above is what the protocol needs.
   const int nmine = g.hi - g.lo;
   const int n_pub = (W - 1) * nmine * 8;
-  for (int i0 = tid; i0 < n_pub; i0 += kBlock * kPubUnroll) {
+  for (int i0 = tid; producer && i0 < n_pub; i0 += kProducers * kPubUnroll) {
     uint2 a[kPubUnroll], b[kPubUnroll];
     uint4* dst[kPubUnroll];
 #pragma unroll
     for (int k = 0; k < kPubUnroll; ++k) {
-      const int i = i0 + k * kBlock;
+      const int i = i0 + k * kProducers;
       dst[k] = nullptr;
       a[k] = b[k] = make_uint2(0, 0);
       if (i < n_pub) {  // the same for the 8 lanes of a line (kBlock is a multiple of 8)
@@ -679,100 +694,140 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll128_kernel(const __gri
     for (int k = 0; k < kPubUnroll; ++k) {
       // one store instruction per line for all 8 lanes: lane 7's upper half is the flag, by a select
       const uint32_t z = lane == 7 ? flo : b[k].x, q = lane == 7 ? fhi : b[k].y;
-      if (dst[k] != nullptr) peerdcp::st_volatile_v4(dst[k], a[k].x, a[k].y, z, q);
+      if (dst[k] != nullptr) *dst[k] = make_uint4(a[k].x, a[k].y, z, q);  // weak 16-byte store (see above)
     }
   }
 
-  // ---- 3. combine my lines of my heads as they arrive (bounded poll per warp)
+  // ---- 3. combine my lines of my heads as they arrive. kCU lines per thread per round: every load of a
+  // round (own words and LSEs, every source's line and LSE words) is issued before the first poll, so a
+  // round costs about one round trip once the data is there (one line per round was latency-bound).
+  constexpr int NO = WMAX - 1;                                     // other sources: s = j + (j >= rank)
+  constexpr int kCU = WMAX <= 2 ? 4 : (WMAX <= 4 ? 2 : 1);
   const char* inbox = p.peer_base[rank] + p.ll128_off;
   uint2* out = reinterpret_cast<uint2*>(p.out);
   const int n_cons = nmine * 8;
   int dead = 0;      // sources whose lines timed out (warp-uniform: set only by the warp's collective decision)
   int lse_dead = 0;  // sources whose LSE word timed out for this thread
-  for (int base = 0; base < n_cons; base += kBlock) {  // the same trip count in every thread (warp collectives)
-    const int i = base + tid;
-    const bool valid = i < n_cons;
-    int t = 0, L = 0, w = 0;
-    if (valid) {
-      const int gl = g.lo + (i >> 3);
-      t = gl / NL;
-      L = gl - t * NL;
-      w = L * kLineData + 2 * lane;
-    }
-    const bool has0 = valid && w < PW, has1 = valid && lane < 7 && w + 1 < PW;
-    const int h0 = has0 ? (4 * w) / p.D : 0, h1 = has1 ? (4 * (w + 1)) / p.D : h0;
-    const uint2* own = src + (int64_t(t) * W + rank) * PW;
-    const uint2 ow0 = has0 ? __ldg(own + w) : make_uint2(0, 0), ow1 = has1 ? __ldg(own + w + 1) : make_uint2(0, 0);
-    const float* own_lse = p.partial_lse + int64_t(t) * W * H + rank * H;
-    const float ol0 = has0 ? __ldg(own_lse + h0) : -INFINITY, ol1 = has1 ? __ldg(own_lse + h1) : -INFINITY;
-    float l0[WMAX], l1[WMAX];
-    uint2 x0[WMAX], x1[WMAX];
+  for (int base = 0; consumer && base < n_cons; base += kConsumers * kCU) {  // same trip count per warp
+    int t[kCU], L[kCU], w[kCU], h0[kCU], h1[kCU];
+    bool valid[kCU], has0[kCU], has1[kCU];
+    uint2 ow0[kCU], ow1[kCU];
+    float ol0[kCU], ol1[kCU];
+    uint4 v[kCU][NO];
+    uint2 c0[kCU][NO], c1[kCU][NO];
+    // (a) decode and issue every load of the round
 #pragma unroll
-    for (int s = 0; s < WMAX; ++s) {
-      if (s >= W || s == rank) continue;  // uniform
-      const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.max_tokens + t) * rowW;
-      const uint4* lp = reinterpret_cast<const uint4*>(row + int64_t(L) * kLineWords) + lane;
-      const uint2* lw = row + int64_t(NL) * kLineWords;  // the row's LSE words
-      // line and LSE words in one round trip (the LSE words usually arrived first: published first)
-      uint4 v = valid ? peerdcp::ld_volatile_v4(lp) : make_uint4(0, 0, 0, 0);
-      uint2 c0 = has0 ? peerdcp::ld_volatile_v2(lw + h0) : make_uint2(0, 0);
-      uint2 c1 = has1 && h1 != h0 ? peerdcp::ld_volatile_v2(lw + h1) : c0;
-      bool rdy = __shfl_sync(kFullMask, !valid || (v.z == flo && v.w == fhi), flag_lane);
-      if (!__all_sync(kFullMask, rdy) && !((dead >> s) & 1)) {
-        const uint64_t t0 = peerdcp::global_timer_ns();
-        int spins = 0;
-        while (true) {
-          if (!rdy) v = peerdcp::ld_volatile_v4(lp);  // whole line again (never a torn mix of two reads)
-          rdy = __shfl_sync(kFullMask, !valid || (v.z == flo && v.w == fhi), flag_lane);
-          if (__all_sync(kFullMask, rdy)) break;
-          if (++spins == 64) {
-            spins = 0;
-            const bool late = static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns;
-            if (__shfl_sync(kFullMask, late, 0)) break;
-          }
-        }
-        if (!__all_sync(kFullMask, rdy)) {  // timed out: source s counts as empty from here on (warp-uniform)
-          dead |= 1 << s;
-          if ((tid & 31) == 0) peerdcp::report_timeout(p.err, rank, s, p.mech, fv);
-        }
+    for (int k = 0; k < kCU; ++k) {
+      const int i = base + k * kConsumers + (tid - kConsumer0);
+      valid[k] = i < n_cons;  // the same for the 8 lanes of a line
+      t[k] = L[k] = w[k] = 0;
+      if (valid[k]) {
+        const int gl = g.lo + (i >> 3);
+        t[k] = gl / NL;
+        L[k] = gl - t[k] * NL;
+        w[k] = L[k] * kLineData + 2 * lane;
       }
-      // an LSE word not there yet: bounded per-thread poll (the line's flag does not cover it)
-      auto settle = [&](uint2& c, int h) {
-        if (c.y == f || ((lse_dead >> s) & 1)) return;
-        const uint64_t t0 = peerdcp::global_timer_ns();
-        int spins = 0;
-        while (c.y != f) {
-          c = peerdcp::ld_volatile_v2(lw + h);
-          if (c.y != f && ++spins == 64) {
-            spins = 0;
-            if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
-          }
-        }
-        if (c.y != f) {
-          lse_dead |= 1 << s;
-          peerdcp::report_timeout(p.err, rank, s, p.mech, fv);
-        }
-      };
-      const bool line_ok = valid && rdy;
-      if (has0 && line_ok) settle(c0, h0);
-      if (has1 && line_ok && h1 != h0) settle(c1, h1);
-      if (h1 == h0) c1 = c0;
-      l0[s] = has0 && line_ok && c0.y == f ? __uint_as_float(c0.x) : -INFINITY;
-      l1[s] = has1 && line_ok && c1.y == f ? __uint_as_float(c1.x) : -INFINITY;
-      x0[s] = make_uint2(v.x, v.y);
-      x1[s] = make_uint2(v.z, v.w);
-    }
-    float m, S;
-    if (has0) {
-      out[int64_t(t) * PW + w] = combine_word<scalar_t, WMAX>(p, ol0, ow0, l0, x0, m, S);
-      if (p.out_lse != nullptr && (4 * w) % p.D == 0) {
-        p.out_lse[int64_t(t) * H + h0] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+      has0[k] = valid[k] && w[k] < PW;
+      has1[k] = valid[k] && lane < 7 && w[k] + 1 < PW;
+      h0[k] = has0[k] ? (4 * w[k]) / p.D : 0;
+      h1[k] = has1[k] ? (4 * (w[k] + 1)) / p.D : h0[k];
+      const uint2* own = src + (int64_t(t[k]) * W + rank) * PW;
+      ow0[k] = has0[k] ? __ldg(own + w[k]) : make_uint2(0, 0);
+      ow1[k] = has1[k] ? __ldg(own + w[k] + 1) : make_uint2(0, 0);
+      const float* own_lse = p.partial_lse + int64_t(t[k]) * W * H + rank * H;
+      ol0[k] = has0[k] ? __ldg(own_lse + h0[k]) : -INFINITY;
+      ol1[k] = has1[k] ? __ldg(own_lse + h1[k]) : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        if (j >= W - 1) break;
+        const int s = j + (j >= rank);
+        const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.max_tokens + t[k]) * rowW;
+        const uint2* lw = row + int64_t(NL) * kLineWords;  // the row's LSE words
+        v[k][j] = valid[k] ? peerdcp::ld_volatile_v4(reinterpret_cast<const uint4*>(row + int64_t(L[k]) * kLineWords) + lane)
+                           : make_uint4(0, 0, 0, 0);
+        c0[k][j] = has0[k] ? peerdcp::ld_volatile_v2(lw + h0[k]) : make_uint2(0, 0);
+        c1[k][j] = has1[k] && h1[k] != h0[k] ? peerdcp::ld_volatile_v2(lw + h1[k]) : c0[k][j];
       }
     }
-    if (has1) {
-      out[int64_t(t) * PW + w + 1] = combine_word<scalar_t, WMAX>(p, ol1, ow1, l1, x1, m, S);
-      if (p.out_lse != nullptr && (4 * (w + 1)) % p.D == 0) {
-        p.out_lse[int64_t(t) * H + h1] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+    // (b) wait for what has not arrived yet (lines: warp-collective, bounded; LSE words: per thread, bounded)
+#pragma unroll
+    for (int k = 0; k < kCU; ++k) {
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        if (j >= W - 1) break;  // uniform
+        const int s = j + (j >= rank);
+        const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.max_tokens + t[k]) * rowW;
+        const uint4* lp = reinterpret_cast<const uint4*>(row + int64_t(L[k]) * kLineWords) + lane;
+        const uint2* lw = row + int64_t(NL) * kLineWords;
+        bool rdy = __shfl_sync(kFullMask, !valid[k] || (v[k][j].z == flo && v[k][j].w == fhi), flag_lane);
+        if (!__all_sync(kFullMask, rdy) && !((dead >> s) & 1)) {
+          const uint64_t t0 = peerdcp::global_timer_ns();
+          int spins = 0;
+          while (true) {
+            if (!rdy) v[k][j] = peerdcp::ld_volatile_v4(lp);  // whole line again (never a mix of two reads)
+            rdy = __shfl_sync(kFullMask, !valid[k] || (v[k][j].z == flo && v[k][j].w == fhi), flag_lane);
+            if (__all_sync(kFullMask, rdy)) break;
+            if (++spins == 64) {
+              spins = 0;
+              const bool late = static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns;
+              if (__shfl_sync(kFullMask, late, 0)) break;
+            }
+          }
+          if (!__all_sync(kFullMask, rdy)) {  // timed out: source s counts as empty from here on (warp-uniform)
+            dead |= 1 << s;
+            if ((tid & 31) == 0) peerdcp::report_timeout(p.err, rank, s, p.mech, fv);
+          }
+        }
+        // a line that is not there (dead source) is empty: its LSE is -inf whatever its word holds
+        if (!rdy) {
+          c0[k][j] = c1[k][j] = make_uint2(0, 0);
+          continue;
+        }
+        auto settle = [&](uint2& c, int h) {
+          if (c.y == f || ((lse_dead >> s) & 1)) return;
+          const uint64_t t0 = peerdcp::global_timer_ns();
+          int spins = 0;
+          while (c.y != f) {
+            c = peerdcp::ld_volatile_v2(lw + h);
+            if (c.y != f && ++spins == 64) {
+              spins = 0;
+              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+            }
+          }
+          if (c.y != f) {
+            lse_dead |= 1 << s;
+            peerdcp::report_timeout(p.err, rank, s, p.mech, fv);
+          }
+        };
+        if (has0[k]) settle(c0[k][j], h0[k]);
+        if (has1[k] && h1[k] != h0[k]) settle(c1[k][j], h1[k]);
+        if (h1[k] == h0[k]) c1[k][j] = c0[k][j];
+      }
+    }
+    // (c) combine and store
+#pragma unroll
+    for (int k = 0; k < kCU; ++k) {
+      float l0[NO], l1[NO];
+      uint2 x0[NO], x1[NO];
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        l0[j] = c0[k][j].y == f ? __uint_as_float(c0[k][j].x) : -INFINITY;
+        l1[j] = c1[k][j].y == f ? __uint_as_float(c1[k][j].x) : -INFINITY;
+        x0[j] = make_uint2(v[k][j].x, v[k][j].y);
+        x1[j] = make_uint2(v[k][j].z, v[k][j].w);
+      }
+      float m, S;
+      if (has0[k]) {
+        out[int64_t(t[k]) * PW + w[k]] = combine_word<scalar_t, NO>(p, ol0[k], ow0[k], l0, x0, m, S);
+        if (p.out_lse != nullptr && (4 * w[k]) % p.D == 0) {
+          p.out_lse[int64_t(t[k]) * H + h0[k]] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+        }
+      }
+      if (has1[k]) {
+        out[int64_t(t[k]) * PW + w[k] + 1] = combine_word<scalar_t, NO>(p, ol1[k], ow1[k], l1, x1, m, S);
+        if (p.out_lse != nullptr && (4 * (w[k] + 1)) % p.D == 0) {
+          p.out_lse[int64_t(t[k]) * H + h1[k]] = S > 0.f ? m + (p.base2 ? log2f(S) : logf(S)) : -INFINITY;
+        }
       }
     }
   }

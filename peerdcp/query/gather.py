@@ -72,9 +72,8 @@ class QueryGather:
         pad_heads_to: None, 64 or 128: zero-pad the widened heads to this count (FlashMLA's sparse decode
             takes 64 or 128 heads); must be >= W * H.
         impl: kernel: direct ``"cuda"`` (csrc/query_direct.cu) or ``"triton"``; allgather ``"triton"``
-            (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available. On a
-            GPU, ``backend="auto"`` with ``impl="auto"`` uses the direct backend only with the CUDA kernel
-            (the Triton direct kernel is the interpreter path and a twin, not cleared for GPU decode).
+            (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available (on a
+            GPU the CUDA kernel; the Triton direct kernel where it cannot be built, and under the interpreter).
         exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"auto"``
             (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
@@ -203,15 +202,6 @@ class QueryGather:
         self.backend = chosen
         self.memory = kind if chosen == "direct" else None
         self.impl = self._choose_impl(impl, reasons)
-        if chosen == "direct" and backend == "auto" and impl == "auto" and self._gpu and self.impl == "triton":
-            # The Triton direct kernel is the interpreter path and the CUDA kernel's twin. On H200 it left
-            # 1-2 wrong rows in 10,000 graph replays (2026-11-30); the likely cause, an unordered epoch
-            # read/increment across warps, is fixed (kernel_support.next_epoch) but not yet re-run on a GPU,
-            # so "auto" does not put it on a GPU's decode path: without the CUDA kernel, all-gather is safe.
-            chosen = self.backend = "allgather"
-            self.memory = None
-            reasons.append("allgather: the Triton direct kernel is not cleared for GPU use (impl='triton' forces it)")
-            self.impl = self._choose_impl("auto", reasons)
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange

@@ -535,6 +535,14 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
 // invalid together. That is why it is opt-in: the plain kernel (release flag after a fence) assumes only
 // the PTX model. A torn line would show up as wrong rows in the graph-replay tests with changing inputs.
 //
+// MEASURED (2 x H200, 2026-11-30, bench.output --quick, Kimi, graph): correct (10,000 graph replays with
+// changing inputs, 0 mismatches, vmm and symm; adversarial LSEs; missing peer -> PeerTimeoutError) but not
+// faster than the plain kernel where it was meant to help: T = 128 13.4-14.5 us vs 13.3, T = 256 26-27 us
+// vs 22.1; about 0.5 us faster at T = 32 in some runs. Tried without a gain: one line per thread per round,
+// kCU lines per round (kept), weak instead of volatile line stores (kept; no difference), split producer /
+// consumer warps (T = 128 17.4 us, left off), flag-only polling with __nanosleep back-off (slightly worse,
+// not kept). Hence opt-in. Not yet measured: a stage breakdown of this kernel (publish alone vs the link).
+//
 // Layout at ll128_off, in 8-byte words: [2 slots][W src][max_tokens][rowW] with
 //   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),
 //   payload word w (elements 4w..4w+3 of the [H, D] slice) at line w / 15, word w % 15;

@@ -24,15 +24,17 @@ def _pool(pools):
 
 # kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),
 # "cuda_plain" (never LL), "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
+# "cuda_ll128_only" (LL128 at every T),
 # "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
     "cuda_ll": ("cuda", "max"),
     "cuda_plain": ("cuda", 0),
     "cuda_ll128": ("cuda", None),
+    "cuda_ll128_only": ("cuda", 0),  # every T on LL128 (no LL)
     "triton": ("triton", None),
 }
-OPTS = {"cuda_ll128": ("ll128",)}  # TUNING["cuda_opts"] of a variant (default: ())
+OPTS = {"cuda_ll128": ("ll128",), "cuda_ll128_only": ("ll128",)}  # TUNING["cuda_opts"] of a variant (default: ())
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
@@ -122,11 +124,11 @@ def test_graph_replays_baselines(pools):
         assert all(r["mismatches"] == 0 for r in res), res
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128_only", "triton"])
 def test_missing_peer_raises_timeout_on_gpu(pools, kernel):
     cfg = _cfg("direct", "vmm", kernel, max_tokens=8)
     cfg.pop("timeout_s")
-    res = _pool(pools).run(fns.missing_peer, cfg, 1, 2.0)
+    res = _run(_pool(pools), kernel, "missing_peer", cfg, 1, 2.0)
     assert res[1] == {"absent": True}
     assert res[0]["first"] == "rank=0 peer=1 mech=output", res
     assert res[0]["second"] == res[0]["first"] and res[0]["check"] == "PeerTimeoutError", res

@@ -50,6 +50,8 @@
 //   kOptLL128      calls with T > ll_max_tokens run output_direct_ll128_kernel (below; flags inside 128-byte
 //                  lines, NCCL's LL128) instead of the plain kernel. Not with kOptTightGrid (the LL128 reader of
 //                  an LSE word may be another CTA than its writer, so every CTA must run in every call).
+//   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (below; the plain protocol
+//                  released per chunk of units by a signalling warp). Not with kOptLL128 or kOptEarlyLoad.
 //
 // Stage breakdown (`stages`, benchmark only; 0 in every public path; outputs of a broken variant are
 // garbage): bits remove one stage and whatever waits for it, identically on every rank:
@@ -82,8 +84,8 @@ constexpr int kSkipPayload = 1, kSkipLse = 2, kSkipSync = 4, kSkipCombine = 8, k
               kStageInstrumented = 32;
 constexpr int kStagesAll = kSkipPayload | kSkipLse | kSkipSync | kSkipCombine | kStageEmpty | kStageInstrumented;
 // `opts` bits (opt-in variants; mirrors peerdcp/output/ops.py OPT_*)
-constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8;
-constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128;
+constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8, kOptChunked = 16;
+constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked;
 // compile-time kernel variants (template argument kVar): which of the above the instantiation contains
 constexpr int kVarStages = 1, kVarEarly = 2, kVarPdl = 4;
 
@@ -146,13 +148,16 @@ struct PubRound {
   int64_t off[kPubUnroll];  // vector index within the (token, source) slice
 };
 
-__device__ __forceinline__ void pub_load(const OutputDirectParams& p, const Geo& g, int prog, int i0, PubRound& r) {
+// (`stride`: threads sharing the items; `end`: one past the last item, -1 = all of the CTA's items)
+__device__ __forceinline__ void pub_load(const OutputDirectParams& p, const Geo& g, int prog, int i0, PubRound& r,
+                                         int stride = kBlock, int end = -1) {
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  if (end < 0) end = g.pub_items;
 #pragma unroll
   for (int k = 0; k < kPubUnroll; ++k) {
     r.d[k] = -1;
-    const int i = i0 + k * kBlock;
-    if (i < g.pub_items) {
+    const int i = i0 + k * stride;
+    if (i < end) {
       const int ku = i / g.per_unit;
       const int rr = i - ku * g.per_unit;
       const int dj = rr / g.UV;
@@ -519,6 +524,164 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
   }
 }
 
+// -------------------------------------------------------------------------------------------- chunked
+// Medium and large T (opt-in `kOptChunked`, used for T > ll_max_tokens): the plain protocol (payload and
+// LSE stores, then a release flag; PTX memory model only), but released and consumed in chunks of the
+// CTA's units, so the combine of early chunks overlaps the transfer of later ones. Stage costs of the plain
+// kernel at T = 256 (Kimi, H200) are payload 12.8 us (link-bound), signal+wait ~3 us and combine ~4.8 us,
+// all in series; this kernel is the attempt to put the last two under the first.
+//
+// Roles: warp 0 signals, warps 1..7 ("workers", kWorkers threads) publish and combine.
+//   workers: for each chunk c: publish its units' payload and LSEs, bar.arrive(kBarPub + c) (no wait);
+//            then for each chunk c: warp 1's lanes wait (bounded acquire) for every peer's chunk-c flag,
+//            bar.sync(kBarComb + c) among the workers, combine chunk c.
+//   warp 0:  for each chunk c: bar.sync(kBarPub + c) (every worker's chunk-c stores are ordered before it:
+//            barrier arrive -> sync is CTA-scope synchronization), then lane s releases flag value
+//            fv * 8 + c into destination s's flag word (one release per destination, after the barrier,
+//            as in the plain kernel). Warp 0 never waits for a peer, so chunk c+1's release does not wait
+//            for chunk c's arrival.
+// Flags: the plain kernel's words ([2 slots][G][W]); within a call the values fv*8 + 0, 1, ... are stored in
+// order by one lane to one address (coherence keeps that order), and every value of an older call with
+// the same slot is smaller (fv grows with the epoch). A waiter polls until value >= fv*8 + c and then
+// requires value / 8 == fv exactly (a peer with another T or epoch is reported, never combined).
+// Chunks: ceil(my_units / upc) chunks of upc = ceil(my_units / kMaxChunks) consecutive CTA-local units (the
+// same partition on every rank: unit u -> CTA u % G, as the plain kernel). Two slots suffice by the plain
+// kernel's argument: every chunk of a call is waited for before the call completes.
+constexpr int kWorkers = kBlock - 32;
+constexpr int kMaxChunks = 7;               // named barriers: 1..7 publish, 8..14 combine (0 = __syncthreads)
+constexpr int kBarPub = 1, kBarComb = 8;
+
+// bar.arrive / bar.sync are warp-aligned: __syncwarp() first reconverges a warp that diverged before them.
+// Arrive and sync both order the thread's prior memory accesses before the barrier's completion for every
+// participating thread (PTX ISA, barrier{.cta}), which is what the release after the sync relies on.
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  __syncwarp();
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  __syncwarp();
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// Bounded acquire poll until *flag >= target; true iff it got there in time and *flag / 8 == target / 8.
+__device__ __forceinline__ bool wait_chunk(const int64_t* flag, int64_t target, const OutputDirectParams& p, int peer) {
+  int64_t v = peerdcp::ld_acquire_sys(flag);
+  if (v < target) {
+    const uint64_t t0 = peerdcp::global_timer_ns();
+    while (v < target) {
+      for (int i = 0; i < 64 && v < target; ++i) v = peerdcp::ld_acquire_sys(flag);
+      if (v < target && static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+    }
+  }
+  if (v >= target && (v >> 3) == (target >> 3)) return true;
+  peerdcp::report_timeout(p.err, p.rank, peer, p.mech, target >> 3);  // late, or a peer with another T
+  return false;
+}
+
+template <typename scalar_t, int WMAX, int kVar>
+__global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __grid_constant__ OutputDirectParams p) {
+  if constexpr ((kVar & kVarPdl) != 0) {
+    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
+    griddep_launch_dependents();
+  }
+  const int prog = blockIdx.x;
+  const int tid = threadIdx.x;
+  const Geo g = make_geo(p, prog);
+  __shared__ int64_t s_epoch;
+  __shared__ int s_ok[kMaxChunks];
+  if (tid == 0) {
+    const int64_t e = p.epochs[prog] + 1;
+    p.epochs[prog] = e;
+    s_epoch = e;
+  }
+  if (tid < kMaxChunks) s_ok[tid] = 1 << p.rank;
+  __syncthreads();
+  const int64_t e = s_epoch;
+  const int slot = static_cast<int>(e & 1);
+  const int64_t fv = e * kTokenSpace + p.T;
+  const int W = g.W, H = g.H, rank = g.rank;
+  const int NC = g.NC, UV = g.UV, VH = g.VH;
+  const int64_t HV = g.HV, WHV = g.WHV;
+  if (prog >= g.n_units) return;  // idle CTA (all threads): only the epoch advances, as in the plain kernel
+  const int upc = (g.my_units + kMaxChunks - 1) / kMaxChunks;  // units per chunk (the last may hold fewer)
+  const int nch = (g.my_units + upc - 1) / upc;                 // 1..kMaxChunks chunks, none empty
+
+  if (tid < 32) {  // ---- warp 0: release each chunk once every worker published it
+    for (int c = 0; c < nch; ++c) {
+      named_bar_sync(kBarPub + c, kBlock);
+      if (tid < W && tid != rank) {
+        int64_t* flag = reinterpret_cast<int64_t*>(p.peer_base[tid]) + (int64_t(slot) * g.G + prog) * W + rank;
+        peerdcp::st_release_sys(flag, fv * 8 + c);
+      }
+    }
+    return;
+  }
+  const int wt = tid - 32;  // worker thread index
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
+
+  // ---- workers, 1: publish chunk by chunk
+  for (int c = 0; c < nch; ++c) {
+    const int u0 = min(c * upc, g.my_units), u1 = min(u0 + upc, g.my_units);
+    const int pub_end = u1 * g.per_unit;
+    for (int i0 = u0 * g.per_unit + wt; i0 < pub_end; i0 += kWorkers * kPubUnroll) {
+      PubRound pr;
+      pub_load(p, g, prog, i0, pr, kWorkers, pub_end);
+#pragma unroll
+      for (int k = 0; k < kPubUnroll; ++k) {
+        if (pr.d[k] >= 0) {
+          reinterpret_cast<uint4*>(p.peer_base[pr.d[k]] + p.payload_off)[(my_row0 + pr.t[k]) * HV + pr.off[k]] =
+              pr.v[k];
+        }
+      }
+    }
+    const int lse_end = u1 * g.lse_per_unit;
+    for (int i = u0 * g.lse_per_unit + wt; i < lse_end; i += kWorkers) {
+      LseItem li;
+      lse_load(p, g, prog, i, li);
+      if (li.d >= 0) reinterpret_cast<float*>(p.peer_base[li.d] + p.lse_off)[(my_row0 + li.t) * H + li.h] = li.v;
+    }
+    named_bar_arrive(kBarPub + c, kBlock);
+  }
+
+  // ---- workers, 2: wait for chunk c from every peer, combine it
+  const float* in_lse = reinterpret_cast<const float*>(p.peer_base[rank] + p.lse_off);
+  const uint4* in_pay = reinterpret_cast<const uint4*>(p.peer_base[rank] + p.payload_off);
+  const int comb_items = g.my_units * UV;
+  int dead = 0;  // peers that already failed a wait (one report per peer, and no second full timeout)
+  for (int c = 0; c < nch; ++c) {
+    const int u0 = min(c * upc, g.my_units), u1 = min(u0 + upc, g.my_units);
+    if (wt < W && wt != rank && !((dead >> wt) & 1)) {
+      const int64_t* flag =
+          reinterpret_cast<const int64_t*>(p.peer_base[rank]) + (int64_t(slot) * g.G + prog) * W + wt;
+      if (wait_chunk(flag, fv * 8 + c, p, wt)) {
+        atomicOr(&s_ok[c], 1 << wt);
+      } else {
+        dead |= 1 << wt;
+      }
+    }
+    named_bar_sync(kBarComb + c, kWorkers);
+    const int ok = s_ok[c];  // a source whose wait failed counts as empty (the host raises at the next call)
+    for (int i = u0 * UV + wt; i < u1 * UV; i += kWorkers) {
+      int t, h, j;
+      if (!decode_item(p, prog, NC, UV, comb_items, i, t, h, j)) continue;
+      const float own_l = __ldg(p.partial_lse + int64_t(t) * W * H + rank * H + h);
+      const uint4 own_v = __ldg(src + t * WHV + rank * HV + int64_t(h) * VH + j);
+      float l[WMAX];
+      uint4 x[WMAX];
+#pragma unroll
+      for (int s = 0; s < WMAX; ++s) {
+        if (s < W && s != rank) {
+          const int64_t row = (int64_t(slot * W + s) * p.max_tokens + t) * H + h;
+          l[s] = ((ok >> s) & 1) ? __ldcg(in_lse + row) : -INFINITY;
+          x[s] = __ldcg(in_pay + row * VH + j);
+        }
+      }
+      combine_store<scalar_t, WMAX>(p, own_l, own_v, l, x, t, h, j);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- LL128
 // Medium and large T (opt-in `kOptLL128`, used for T > ll_max_tokens): NCCL's LL128 idea. The payload row
 // of a (slot, source, token) travels as 128-byte lines of 16 eight-byte words: lanes 8q..8q+7 of a warp
@@ -875,6 +1038,10 @@ cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
     constexpr int kVarLL128 = kVar & kVarPdl;
     return launch_one<kVarLL128>(output_direct_ll128_kernel<scalar_t, WMAX, kVarLL128>, p.G, p, stream);
   }
+  if (p.opts & kOptChunked) {  // the plain partition (tight grid allowed); stages / early load do not apply
+    constexpr int kVarChunked = kVar & kVarPdl;
+    return launch_one<kVarChunked>(output_direct_chunked_kernel<scalar_t, WMAX, kVarChunked>, grid, p, stream);
+  }
   return launch_one<kVar>(output_direct_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
 }
 
@@ -911,17 +1078,19 @@ cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
 
 template <typename scalar_t, int WMAX, int kVar>
 int blocks_per_sm_var() {
-  int a = 0, b = 0, c = 0;
+  int a = 0, b = 0, c = 0, d = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
           cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&d, output_direct_chunked_kernel<scalar_t, WMAX, kVar & kVarPdl>,
+                                                    kBlock, 0) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, output_direct_ll_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
           cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, output_direct_ll128_kernel<scalar_t, WMAX, kVar & kVarPdl>,
                                                     kBlock, 0) != cudaSuccess) {
     return 0;
   }
-  const int ab = a < b ? a : b;
-  return ab < c ? ab : c;
+  const int ab = a < b ? a : b, cd = c < d ? c : d;
+  return ab < cd ? ab : cd;
 }
 
 template <typename scalar_t, int WMAX>
@@ -980,7 +1149,8 @@ extern "C" int peerdcp_output_direct(const void* params, void* stream, int devic
   if (p == nullptr || p->W < 2 || p->W > kMaxWorld || p->rank < 0 || p->rank >= p->W || p->G < 1 || p->T < 1 ||
       p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens ||
       (p->stages & ~kStagesAll) != 0 || (p->opts & ~kOptsAll) != 0 ||
-      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128)) != 0) ||
+      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked)) != 0) ||
+      ((p->opts & kOptChunked) != 0 && (p->opts & (kOptLL128 | kOptEarlyLoad)) != 0) ||
       ((p->opts & kOptLL128) != 0 && ((p->opts & kOptTightGrid) != 0 || !ll128_fits(*p)))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }

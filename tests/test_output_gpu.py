@@ -24,7 +24,8 @@ def _pool(pools):
 
 # kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),
 # "cuda_plain" (never LL), "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
-# "cuda_ll128_only" (LL128 at every T),
+# "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
+# ("chunked",)),
 # "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
@@ -32,9 +33,16 @@ VARIANTS = {
     "cuda_plain": ("cuda", 0),
     "cuda_ll128": ("cuda", None),
     "cuda_ll128_only": ("cuda", 0),  # every T on LL128 (no LL)
+    "cuda_chunked": ("cuda", None),
+    "cuda_chunked_only": ("cuda", 0),  # every T on the chunked kernel (no LL)
     "triton": ("triton", None),
 }
-OPTS = {"cuda_ll128": ("ll128",), "cuda_ll128_only": ("ll128",)}  # TUNING["cuda_opts"] of a variant (default: ())
+OPTS = {
+    "cuda_ll128": ("ll128",),
+    "cuda_ll128_only": ("ll128",),
+    "cuda_chunked": ("chunked",),
+    "cuda_chunked_only": ("chunked",),
+}  # TUNING["cuda_opts"] of a variant (default: ())
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
@@ -62,7 +70,7 @@ def _ok(res):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_ll128", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_ll128", "cuda_chunked", "triton"])
 def test_direct_agrees_with_reference(pools, memory, kernel):
     """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2 (T up to 64);
     50 calls back to back with new inputs and no barrier."""
@@ -108,10 +116,10 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128", "cuda_chunked", "triton"])
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
-    """One graph = a T=128 call (plain / LL128 protocol) then a T=3 call (LL protocol for "cuda*")."""
-    replays = 10_000 if kernel in ("cuda", "cuda_ll128") else 2_000
+    """One graph = a T=128 call (plain / LL128 / chunked protocol) then a T=3 call (LL protocol for "cuda*")."""
+    replays = 10_000 if kernel in ("cuda", "cuda_ll128", "cuda_chunked") else 2_000
     res = _run(_pool(pools), kernel, "graph_replays", _cfg("direct", memory, kernel), replays, 128, 3, timeout=900)
     for r in res:
         assert r["kernel"] == VARIANTS[kernel][0] and r["memory"] == memory, r
@@ -124,7 +132,7 @@ def test_graph_replays_baselines(pools):
         assert all(r["mismatches"] == 0 for r in res), res
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128_only", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128_only", "cuda_chunked_only", "triton"])
 def test_missing_peer_raises_timeout_on_gpu(pools, kernel):
     cfg = _cfg("direct", "vmm", kernel, max_tokens=8)
     cfg.pop("timeout_s")

@@ -48,8 +48,9 @@ def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
         assert all(r.get("error", "").startswith("ValueError") and "cuda_opts" in r["error"] for r in res), res
     res = pools(2).run(fns.construct_with_opts, HOST, ("tight_grid", "pdl"))
     assert all(r.get("kernel") == "triton" and r["cuda_opts"] == () for r in res), res
-    res = pools(2).run(fns.construct_with_opts, HOST, ("ll128", "tight_grid"))
-    assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res), res
+    for pair in [("ll128", "tight_grid"), ("chunked", "ll128"), ("chunked", "early_load")]:
+        res = pools(2).run(fns.construct_with_opts, HOST, pair)
+        assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res)
 
 
 @needs_nvcc
@@ -80,9 +81,12 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
 
     invalid = 1  # cudaErrorInvalidValue
     assert rc(64, 0) == invalid
-    assert rc(0, 16) == invalid
     assert rc(0, ops.OPTS["ll128"] | ops.OPTS["tight_grid"]) == invalid
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["ll128"]) == invalid
+    assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["chunked"]) == invalid
+    assert rc(0, ops.OPTS["chunked"] | ops.OPTS["ll128"]) == invalid
+    assert rc(0, ops.OPTS["chunked"] | ops.OPTS["early_load"]) == invalid
+    assert rc(0, 32) == invalid
     p.max_tokens = 2**20 - 1  # LL128 line indices would overflow int32
     assert rc(0, ops.OPTS["ll128"]) == invalid
     p.max_tokens = 8
@@ -101,6 +105,8 @@ OPT_SETS = [
     ("tight_grid", "early_load", "pdl"),
     ("ll128",),
     ("ll128", "pdl"),
+    ("chunked",),
+    ("chunked", "pdl", "tight_grid"),
 ]
 
 

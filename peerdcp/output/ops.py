@@ -23,7 +23,7 @@ _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 # Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output_direct.cu). The default is
 # none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
-OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8}
+OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16}
 
 # Stage-breakdown bits (``stages``; benchmark only, never set by a public path; outputs are garbage).
 STAGE_SKIP_PAYLOAD = 1
@@ -190,8 +190,8 @@ class DirectLauncher:
         """Benchmark only (see :func:`_set_breakdown_stages`): later launches (and captures) use ``stages``."""
         if isinstance(stages, bool) or not isinstance(stages, int) or stages & ~_STAGES_ALL:
             raise ValueError(f"stages must be an int mask of the STAGE_* bits (0..{_STAGES_ALL}), got {stages!r}")
-        if stages and self._p.opts & (OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"]):
-            raise ValueError("the stage breakdown runs the default kernel: not with opts early_load / pdl / ll128")
+        if stages and self._p.opts & (OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"] | OPTS["chunked"]):
+            raise ValueError("the stage breakdown runs the default kernel: not with opts early_load/pdl/ll128/chunked")
         self._p.stages = stages
 
 

@@ -115,6 +115,17 @@ struct OutputDirectParams {
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
+// With PDL (kVarPdl), the first thing every CTA does: griddepcontrol.wait returns once the preceding grid
+// (the previous call) has completed and its memory is visible, before any load or store here; then allow
+// the next PDL launch to be staged.
+template <int kVar>
+__device__ __forceinline__ void pdl_enter() {
+  if constexpr ((kVar & kVarPdl) != 0) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+}
+
 // Work geometry of one call, the same in every CTA (nothing here depends on the epoch).
 struct Geo {
   int W, H, rank, G, HU, NC, n_units, VH, UV, my_units, nd, per_unit, pub_items, lse_per_unit, lse_items;
@@ -268,10 +279,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_cons
   constexpr bool kEarly = (kVar & kVarEarly) != 0;
   const int stages = (kVar & kVarStages) ? p.stages : 0;  // the default build has no stage checks
   if ((kVar & kVarStages) && (stages & kStageEmpty)) return;
-  if constexpr ((kVar & kVarPdl) != 0) {
-    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
-    griddep_launch_dependents();
-  }
+  pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   const Geo g = make_geo(p, prog);
@@ -405,10 +413,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
   constexpr bool kEarly = (kVar & kVarEarly) != 0;
   const int stages = (kVar & kVarStages) ? p.stages : 0;  // the default build has no stage checks
   if ((kVar & kVarStages) && (stages & kStageEmpty)) return;
-  if constexpr ((kVar & kVarPdl) != 0) {
-    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
-    griddep_launch_dependents();
-  }
+  pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   const Geo g = make_geo(p, prog);
@@ -580,10 +585,7 @@ __device__ __forceinline__ bool wait_chunk(const int64_t* flag, int64_t target, 
 
 template <typename scalar_t, int WMAX, int kVar>
 __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __grid_constant__ OutputDirectParams p) {
-  if constexpr ((kVar & kVarPdl) != 0) {
-    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
-    griddep_launch_dependents();
-  }
+  pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   const Geo g = make_geo(p, prog);
@@ -787,10 +789,7 @@ __device__ __forceinline__ uint2 combine_word(const OutputDirectParams& p, float
 
 template <typename scalar_t, int WMAX, int kVar>
 __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __grid_constant__ OutputDirectParams p) {
-  if constexpr ((kVar & kVarPdl) != 0) {
-    griddep_wait();  // before any load or store: the preceding grid (the previous call) has completed
-    griddep_launch_dependents();
-  }
+  pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   const int lane = tid & 7;                  // lane within the line's 8-lane group

@@ -420,21 +420,25 @@ def _table(rows: list[dict], mode: str) -> str:
         table_rows = []
         for T in ts:
             row: dict = {"T": T}
-            best = None  # the best direct *default* configuration per memory is what the targets are about
+            best = None  # the fastest direct variant at this T (opt-in ones included; the verdict uses the default)
             for m in methods:
                 hit = [r for r in sel if r["T"] == T and r["method"] == m]
                 if hit:
                     row[m] = hit[0]["median"] if hit[0]["ok"] else float("nan")
                     if m.startswith("direct") and hit[0]["ok"] and (best is None or hit[0]["median"] < best[1]):
                         best = (m, hit[0]["median"], hit[0]["speedup"])
+            dflt = [r for r in sel if r["T"] == T and r["method"] == DEFAULT_METHOD and r["ok"]]
+            if dflt:
+                row["default x vs " + sel[0]["baseline"]] = dflt[0]["speedup"]
             if best:
-                row["best direct"] = best[0].removeprefix("direct-")
+                row["fastest variant"] = best[0].removeprefix("direct-")
                 row["x vs " + sel[0]["baseline"]] = best[2]
             table_rows.append(row)
         cols = [
             "T",
             *[m for m in methods if any(m in r for r in table_rows)],
-            "best direct",
+            "default x vs " + sel[0]["baseline"],
+            "fastest variant",
             "x vs " + sel[0]["baseline"],
         ]
         out.append(
@@ -444,28 +448,29 @@ def _table(rows: list[dict], mode: str) -> str:
     return "\n\n".join(out)
 
 
+DEFAULT_METHOD = "direct-vmm-cuda"  # what OutputReducer(backend="auto") gives on these GPUs (vmm, no opt-ins)
+
+
 def _verdict(rows: list[dict]) -> list[str]:
+    """The issue's targets, judged on the default configuration (an opt-in variant that happened to be
+    fastest at one T is not what a user gets); the best of all variants is printed beside it."""
     lines = []
-    sel = [
-        r
-        for r in rows
-        if r["geometry"] == "kimi" and r["mode"] == "graph" and r["method"].startswith("direct") and r["ok"]
-    ]
+    sel = [r for r in rows if r["geometry"] == "kimi" and r["mode"] == "graph" and r["ok"]]
+    default = [r for r in sel if r["method"] == DEFAULT_METHOD]
+    direct = [r for r in sel if r["method"].startswith("direct")]
     for T, lim in TARGETS.items():
-        hit = [r for r in sel if r["T"] == T]
+        hit = [r for r in default if r["T"] == T]
         if hit:
-            best = min(hit, key=lambda r: r["median"])
-            lines.append(f"target T={T}: best direct {best['median']:.2f} µs ({best['method']}) <= {lim} µs: "
-                         f"{'MET' if best['median'] <= lim else 'NOT MET'}")  # fmt: skip
+            best = min((r for r in direct if r["T"] == T), key=lambda r: r["median"])
+            lines.append(f"target T={T}: {DEFAULT_METHOD} {hit[0]['median']:.2f} µs <= {lim} µs: "
+                         f"{'MET' if hit[0]['median'] <= lim else 'NOT MET'} "
+                         f"(fastest variant {best['method']} {best['median']:.2f} µs)")  # fmt: skip
     if any(r["baseline"] == "sgl-a2a" for r in rows):
-        worst = None
-        for T in sorted({r["T"] for r in sel if r["T"] <= 256}):
-            best = min((r for r in sel if r["T"] == T), key=lambda r: r["median"])
-            if best["speedup"] is not None and (worst is None or best["speedup"] < worst[1]):
-                worst = (T, best["speedup"])
-        if worst:
-            lines.append(f"target >= {MIN_SPEEDUP}x vs SGLang a2a at T 1..256 (Kimi, graph): worst {worst[1]:.2f}x "
-                         f"at T={worst[0]}: {'MET' if worst[1] >= MIN_SPEEDUP else 'NOT MET'}")  # fmt: skip
+        pts = sorted((r["T"], r["speedup"]) for r in default if r["T"] <= 256 and r["speedup"] is not None)
+        if pts:
+            T, worst = min(pts, key=lambda x: x[1])
+            lines.append(f"target >= {MIN_SPEEDUP}x vs SGLang a2a at T 1..256 (Kimi, graph, {DEFAULT_METHOD}): "
+                         f"worst {worst:.2f}x at T={T}: {'MET' if worst >= MIN_SPEEDUP else 'NOT MET'}")  # fmt: skip
     else:
         lines.append("SGLang not found: ratios are against peerdcp's own a2a (pass --sglang-kernels PATH)")
     return lines

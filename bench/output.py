@@ -68,6 +68,7 @@ KERNEL_VARIANTS = {  # name: (kernel, ll_max_tokens (None: default, "max": alway
     "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl")),
     "cuda_chunked": ("cuda", None, ("chunked",)),
     "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl")),
+    "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles")),
     "cuda_plain": ("cuda", 0, ()),
     "cuda_ll": ("cuda", "max", ()),
     "triton": ("triton", None, ()),

@@ -52,6 +52,7 @@
 //                  an LSE word may be another CTA than its writer, so every CTA must run in every call).
 //   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (below; the plain protocol
 //                  released per chunk of units by a signalling warp). Not with kOptLL128 or kOptEarlyLoad.
+//   kOptSplit      with kOptChunked only: separate publishing and combining warps in that kernel.
 //
 // Stage breakdown (`stages`, benchmark only; 0 in every public path; outputs of a broken variant are
 // garbage): bits remove one stage and whatever waits for it, identically on every rank:
@@ -84,10 +85,10 @@ constexpr int kSkipPayload = 1, kSkipLse = 2, kSkipSync = 4, kSkipCombine = 8, k
               kStageInstrumented = 32;
 constexpr int kStagesAll = kSkipPayload | kSkipLse | kSkipSync | kSkipCombine | kStageEmpty | kStageInstrumented;
 // `opts` bits (opt-in variants; mirrors peerdcp/output/ops.py OPT_*)
-constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8, kOptChunked = 16;
-constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked;
+constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8, kOptChunked = 16, kOptSplit = 32;
+constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked | kOptSplit;
 // compile-time kernel variants (template argument kVar): which of the above the instantiation contains
-constexpr int kVarStages = 1, kVarEarly = 2, kVarPdl = 4;
+constexpr int kVarStages = 1, kVarEarly = 2, kVarPdl = 4, kVarSplit = 8;
 
 // Mirrors peerdcp/output/ops.py::OutputDirectParams (ctypes). Keep the order and types in sync;
 // peerdcp_output_direct_params_size() lets Python check the size.
@@ -536,10 +537,12 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
 // kernel at T = 256 (Kimi, H200) are payload 12.8 us (link-bound), signal+wait ~3 us and combine ~4.8 us,
 // all in series; this kernel is the attempt to put the last two under the first.
 //
-// Roles: warp 0 signals, warps 1..7 ("workers", kWorkers threads) publish and combine.
-//   workers: for each chunk c: publish its units' payload and LSEs, bar.arrive(kBarPub + c) (no wait);
-//            then for each chunk c: warp 1's lanes wait (bounded acquire) for every peer's chunk-c flag,
-//            bar.sync(kBarComb + c) among the workers, combine chunk c.
+// Roles: warp 0 signals; the other warps publish and combine, either the same warps one after the other
+// (default) or, with kOptSplit, warps 1..3 publish while warps 4..7 combine (nothing orders the two groups:
+// the combiners start on chunk 0 while later chunks are still being published).
+//   publishers: for each chunk c: publish its units' payload and LSEs, bar.arrive(kBarPub + c) (no wait);
+//   combiners:  for each chunk c: the first combining warp's lanes wait (bounded acquire) for every peer's
+//               chunk-c flag, bar.sync(kBarComb + c) among the combiners, combine chunk c.
 //   warp 0:  for each chunk c: bar.sync(kBarPub + c) (every worker's chunk-c stores are ordered before it:
 //            barrier arrive -> sync is CTA-scope synchronization), then lane s releases flag value
 //            fv * 8 + c into destination s's flag word (one release per destination, after the barrier,
@@ -552,7 +555,8 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
 // Chunks: ceil(my_units / upc) chunks of upc = ceil(my_units / kMaxChunks) consecutive CTA-local units (the
 // same partition on every rank: unit u -> CTA u % G, as the plain kernel). Two slots suffice by the plain
 // kernel's argument: every chunk of a call is waited for before the call completes.
-constexpr int kWorkers = kBlock - 32;
+constexpr int kWorkers = kBlock - 32;       // publish + combine, one after the other (default)
+constexpr int kSplitPub = 96, kSplitComb = kBlock - 32 - kSplitPub;  // kOptSplit: warps 1..3 and 4..7
 constexpr int kMaxChunks = 7;               // named barriers: 1..7 publish, 8..14 combine (0 = __syncthreads)
 constexpr int kBarPub = 1, kBarComb = 8;
 
@@ -608,9 +612,13 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
   const int upc = (g.my_units + kMaxChunks - 1) / kMaxChunks;  // units per chunk (the last may hold fewer)
   const int nch = (g.my_units + upc - 1) / upc;                 // 1..kMaxChunks chunks, none empty
 
-  if (tid < 32) {  // ---- warp 0: release each chunk once every worker published it
+  constexpr bool kSplit = (kVar & kVarSplit) != 0;
+  constexpr int nPub = kSplit ? kSplitPub : kWorkers, nComb = kSplit ? kSplitComb : kWorkers;
+  constexpr int comb0 = kSplit ? 32 + kSplitPub : 32;  // first combining thread
+
+  if (tid < 32) {  // ---- warp 0: release each chunk once every publisher published it
     for (int c = 0; c < nch; ++c) {
-      named_bar_sync(kBarPub + c, kBlock);
+      named_bar_sync(kBarPub + c, 32 + nPub);
       if (tid < W && tid != rank) {
         int64_t* flag = reinterpret_cast<int64_t*>(p.peer_base[tid]) + (int64_t(slot) * g.G + prog) * W + rank;
         peerdcp::st_release_sys(flag, fv * 8 + c);
@@ -618,53 +626,57 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
     }
     return;
   }
-  const int wt = tid - 32;  // worker thread index
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
   const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
 
-  // ---- workers, 1: publish chunk by chunk
-  for (int c = 0; c < nch; ++c) {
-    const int u0 = min(c * upc, g.my_units), u1 = min(u0 + upc, g.my_units);
-    const int pub_end = u1 * g.per_unit;
-    for (int i0 = u0 * g.per_unit + wt; i0 < pub_end; i0 += kWorkers * kPubUnroll) {
-      PubRound pr;
-      pub_load(p, g, prog, i0, pr, kWorkers, pub_end);
+  // ---- publishers: chunk by chunk
+  if (tid < 32 + nPub) {
+    const int pt = tid - 32;
+    for (int c = 0; c < nch; ++c) {
+      const int u0 = min(c * upc, g.my_units), u1 = min(u0 + upc, g.my_units);
+      const int pub_end = u1 * g.per_unit;
+      for (int i0 = u0 * g.per_unit + pt; i0 < pub_end; i0 += nPub * kPubUnroll) {
+        PubRound pr;
+        pub_load(p, g, prog, i0, pr, nPub, pub_end);
 #pragma unroll
-      for (int k = 0; k < kPubUnroll; ++k) {
-        if (pr.d[k] >= 0) {
-          reinterpret_cast<uint4*>(p.peer_base[pr.d[k]] + p.payload_off)[(my_row0 + pr.t[k]) * HV + pr.off[k]] =
-              pr.v[k];
+        for (int k = 0; k < kPubUnroll; ++k) {
+          if (pr.d[k] >= 0) {
+            reinterpret_cast<uint4*>(p.peer_base[pr.d[k]] + p.payload_off)[(my_row0 + pr.t[k]) * HV + pr.off[k]] =
+                pr.v[k];
+          }
         }
       }
+      const int lse_end = u1 * g.lse_per_unit;
+      for (int i = u0 * g.lse_per_unit + pt; i < lse_end; i += nPub) {
+        LseItem li;
+        lse_load(p, g, prog, i, li);
+        if (li.d >= 0) reinterpret_cast<float*>(p.peer_base[li.d] + p.lse_off)[(my_row0 + li.t) * H + li.h] = li.v;
+      }
+      named_bar_arrive(kBarPub + c, 32 + nPub);
     }
-    const int lse_end = u1 * g.lse_per_unit;
-    for (int i = u0 * g.lse_per_unit + wt; i < lse_end; i += kWorkers) {
-      LseItem li;
-      lse_load(p, g, prog, i, li);
-      if (li.d >= 0) reinterpret_cast<float*>(p.peer_base[li.d] + p.lse_off)[(my_row0 + li.t) * H + li.h] = li.v;
-    }
-    named_bar_arrive(kBarPub + c, kBlock);
   }
+  if (tid < comb0) return;  // split: the publishers are done
 
-  // ---- workers, 2: wait for chunk c from every peer, combine it
+  // ---- combiners: wait for chunk c from every peer, combine it
+  const int ct = tid - comb0;
   const float* in_lse = reinterpret_cast<const float*>(p.peer_base[rank] + p.lse_off);
   const uint4* in_pay = reinterpret_cast<const uint4*>(p.peer_base[rank] + p.payload_off);
   const int comb_items = g.my_units * UV;
   int dead = 0;  // peers that already failed a wait (one report per peer, and no second full timeout)
   for (int c = 0; c < nch; ++c) {
     const int u0 = min(c * upc, g.my_units), u1 = min(u0 + upc, g.my_units);
-    if (wt < W && wt != rank && !((dead >> wt) & 1)) {
+    if (ct < W && ct != rank && !((dead >> ct) & 1)) {
       const int64_t* flag =
-          reinterpret_cast<const int64_t*>(p.peer_base[rank]) + (int64_t(slot) * g.G + prog) * W + wt;
-      if (wait_chunk(flag, fv * 8 + c, p, wt)) {
-        atomicOr(&s_ok[c], 1 << wt);
+          reinterpret_cast<const int64_t*>(p.peer_base[rank]) + (int64_t(slot) * g.G + prog) * W + ct;
+      if (wait_chunk(flag, fv * 8 + c, p, ct)) {
+        atomicOr(&s_ok[c], 1 << ct);
       } else {
-        dead |= 1 << wt;
+        dead |= 1 << ct;
       }
     }
-    named_bar_sync(kBarComb + c, kWorkers);
+    named_bar_sync(kBarComb + c, nComb);
     const int ok = s_ok[c];  // a source whose wait failed counts as empty (the host raises at the next call)
-    for (int i = u0 * UV + wt; i < u1 * UV; i += kWorkers) {
+    for (int i = u0 * UV + ct; i < u1 * UV; i += nComb) {
       int t, h, j;
       if (!decode_item(p, prog, NC, UV, comb_items, i, t, h, j)) continue;
       const float own_l = __ldg(p.partial_lse + int64_t(t) * W * H + rank * H + h);
@@ -1039,6 +1051,10 @@ cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
   }
   if (p.opts & kOptChunked) {  // the plain partition (tight grid allowed); stages / early load do not apply
     constexpr int kVarChunked = kVar & kVarPdl;
+    if (p.opts & kOptSplit) {
+      return launch_one<kVarChunked>(output_direct_chunked_kernel<scalar_t, WMAX, kVarChunked | kVarSplit>, grid, p,
+                                     stream);
+    }
     return launch_one<kVarChunked>(output_direct_chunked_kernel<scalar_t, WMAX, kVarChunked>, grid, p, stream);
   }
   return launch_one<kVar>(output_direct_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
@@ -1077,19 +1093,21 @@ cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
 
 template <typename scalar_t, int WMAX, int kVar>
 int blocks_per_sm_var() {
-  int a = 0, b = 0, c = 0, d = 0;
+  int a = 0, b = 0, c = 0, d = 0, e = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
           cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&d, output_direct_chunked_kernel<scalar_t, WMAX, kVar & kVarPdl>,
                                                     kBlock, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &e, output_direct_chunked_kernel<scalar_t, WMAX, (kVar & kVarPdl) | kVarSplit>, kBlock, 0) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, output_direct_ll_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
           cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, output_direct_ll128_kernel<scalar_t, WMAX, kVar & kVarPdl>,
                                                     kBlock, 0) != cudaSuccess) {
     return 0;
   }
-  const int ab = a < b ? a : b, cd = c < d ? c : d;
-  return ab < cd ? ab : cd;
+  const int ab = a < b ? a : b, cd = c < d ? c : d, m = ab < cd ? ab : cd;
+  return m < e ? m : e;
 }
 
 template <typename scalar_t, int WMAX>
@@ -1150,6 +1168,7 @@ extern "C" int peerdcp_output_direct(const void* params, void* stream, int devic
       (p->stages & ~kStagesAll) != 0 || (p->opts & ~kOptsAll) != 0 ||
       (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked)) != 0) ||
       ((p->opts & kOptChunked) != 0 && (p->opts & (kOptLL128 | kOptEarlyLoad)) != 0) ||
+      ((p->opts & kOptSplit) != 0 && (p->opts & kOptChunked) == 0) ||
       ((p->opts & kOptLL128) != 0 && ((p->opts & kOptTightGrid) != 0 || !ll128_fits(*p)))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }

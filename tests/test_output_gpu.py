@@ -25,7 +25,7 @@ def _pool(pools):
 # kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),
 # "cuda_plain" (never LL), "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
-# ("chunked",)),
+# ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
 # "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
@@ -35,6 +35,7 @@ VARIANTS = {
     "cuda_ll128_only": ("cuda", 0),  # every T on LL128 (no LL)
     "cuda_chunked": ("cuda", None),
     "cuda_chunked_only": ("cuda", 0),  # every T on the chunked kernel (no LL)
+    "cuda_chunked_split": ("cuda", None),
     "triton": ("triton", None),
 }
 OPTS = {
@@ -42,6 +43,7 @@ OPTS = {
     "cuda_ll128_only": ("ll128",),
     "cuda_chunked": ("chunked",),
     "cuda_chunked_only": ("chunked",),
+    "cuda_chunked_split": ("chunked", "split_roles"),
 }  # TUNING["cuda_opts"] of a variant (default: ())
 
 
@@ -116,10 +118,10 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128", "cuda_chunked", "triton"])
+@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128", "cuda_chunked", "cuda_chunked_split", "triton"])
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
     """One graph = a T=128 call (plain / LL128 / chunked protocol) then a T=3 call (LL protocol for "cuda*")."""
-    replays = 10_000 if kernel in ("cuda", "cuda_ll128", "cuda_chunked") else 2_000
+    replays = 10_000 if kernel in ("cuda", "cuda_ll128", "cuda_chunked", "cuda_chunked_split") else 2_000
     res = _run(_pool(pools), kernel, "graph_replays", _cfg("direct", memory, kernel), replays, 128, 3, timeout=900)
     for r in res:
         assert r["kernel"] == VARIANTS[kernel][0] and r["memory"] == memory, r

@@ -51,6 +51,8 @@ def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
     for pair in [("ll128", "tight_grid"), ("chunked", "ll128"), ("chunked", "early_load")]:
         res = pools(2).run(fns.construct_with_opts, HOST, pair)
         assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res)
+    res = pools(2).run(fns.construct_with_opts, HOST, ("split_roles",))
+    assert all(r.get("error", "").startswith("ValueError") and "'chunked' only" in r["error"] for r in res), res
 
 
 @needs_nvcc
@@ -86,7 +88,8 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["chunked"]) == invalid
     assert rc(0, ops.OPTS["chunked"] | ops.OPTS["ll128"]) == invalid
     assert rc(0, ops.OPTS["chunked"] | ops.OPTS["early_load"]) == invalid
-    assert rc(0, 32) == invalid
+    assert rc(0, ops.OPTS["split_roles"]) == invalid  # split_roles needs chunked
+    assert rc(0, 64) == invalid
     p.max_tokens = 2**20 - 1  # LL128 line indices would overflow int32
     assert rc(0, ops.OPTS["ll128"]) == invalid
     p.max_tokens = 8
@@ -107,6 +110,7 @@ OPT_SETS = [
     ("ll128", "pdl"),
     ("chunked",),
     ("chunked", "pdl", "tight_grid"),
+    ("chunked", "split_roles"),
 ]
 
 

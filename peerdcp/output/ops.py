@@ -23,7 +23,7 @@ _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 # Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output_direct.cu). The default is
 # none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
-OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16}
+OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16, "split_roles": 32}
 
 # Stage-breakdown bits (``stages``; benchmark only, never set by a public path; outputs are garbage).
 STAGE_SKIP_PAYLOAD = 1

@@ -69,12 +69,13 @@ TUNING = {
     # "pdl" (programmatic dependent launch), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
     # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output_direct.cu), "chunked"
     # (T > cuda_ll_max_tokens: the plain protocol released per chunk of units by a signalling warp, so the
-    # combine overlaps the transfer). Default none; bench/output.py measures them against it.
+    # combine overlaps the transfer), "split_roles" (with "chunked": separate publishing and combining
+    # warps). Default none; bench/output.py measures them against it.
     "cuda_opts": (),
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
-_CUDA_OPTS = ("tight_grid", "early_load", "pdl", "ll128", "chunked")
+_CUDA_OPTS = ("tight_grid", "early_load", "pdl", "ll128", "chunked", "split_roles")
 
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -187,6 +188,8 @@ class OutputReducer:
         for a, b in (("ll128", "tight_grid"), ("ll128", "chunked"), ("chunked", "early_load")):
             if a in cuda_opts and b in cuda_opts:
                 problems.append((ValueError, f"TUNING['cuda_opts']: {a!r} and {b!r} exclude each other"))
+        if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
+            problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         if "ll128" in cuda_opts and isinstance(max_tokens, int) and isinstance(heads_per_rank, int):
             lines = -(-(heads_per_rank * (head_dim // 4)) // 15) if isinstance(head_dim, int) else 0
             if max_tokens * lines * 8 * info.world_size >= 2**31:

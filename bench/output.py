@@ -281,20 +281,18 @@ def rank_breakdown(cfg: dict) -> list[dict]:
     wanted = [v for v in BREAKDOWN_VARIANTS if v[0] in cfg["variants"]]
     reducers: dict = {}  # (kernel, opts) -> OutputReducer
     errors: dict = {}
-    saved = R.TUNING["cuda_opts"]
     for kern in ("ll", "plain"):
         for opts in dict.fromkeys(o for _, _, o in wanted):
-            R.TUNING["cuda_opts"] = opts
             try:
-                red = peerdcp.OutputReducer(
-                    None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory="vmm",
-                    kernel="cuda", device=dev, ll_max_tokens=ll_default if kern == "ll" else 0, timeout_s=5.0,
-                )  # fmt: skip
+                with _cuda_opts(opts):
+                    red = peerdcp.OutputReducer(
+                        None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct",
+                        memory="vmm", kernel="cuda", device=dev, ll_max_tokens=ll_default if kern == "ll" else 0,
+                        timeout_s=5.0,
+                    )  # fmt: skip
                 reducers[(kern, opts)] = red
             except Exception as e:  # noqa: BLE001 - the same on every rank (construction is collective)
                 errors[(kern, opts)] = f"{type(e).__name__}: {e}"
-            finally:
-                R.TUNING["cuda_opts"] = saved
     any_red = next(iter(reducers.values()))
     info = dict(
         programs=any_red.programs,

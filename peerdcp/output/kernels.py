@@ -51,6 +51,11 @@ def _round_up(x: int, a: int = _ALIGN) -> int:
     return -(-x // a) * a
 
 
+def ll128_lines(heads: int, head_dim: int, elem_size: int = 2) -> int:
+    """128-byte LL128 lines per (slot, source, token) row: 15 data words of 8 bytes per line."""
+    return -(-(heads * head_dim * elem_size // 8) // 15)
+
+
 @dataclass(frozen=True)
 class InboxLayout:
     """Byte layout of one rank's inbox (a :class:`~peerdcp.memory.PeerBuffer`), the same on every rank.
@@ -104,8 +109,7 @@ class InboxLayout:
 
     @property
     def ll128_lines(self) -> int:
-        payload_words = self.heads * self.head_dim * self.elem_size // 8
-        return -(-payload_words // 15)
+        return ll128_lines(self.heads, self.head_dim, self.elem_size)
 
     @property
     def ll128_row_words(self) -> int:

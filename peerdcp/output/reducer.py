@@ -191,7 +191,7 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         if "ll128" in cuda_opts and isinstance(max_tokens, int) and isinstance(heads_per_rank, int):
-            lines = -(-(heads_per_rank * (head_dim // 4)) // 15) if isinstance(head_dim, int) else 0
+            lines = K.ll128_lines(heads_per_rank, head_dim) if isinstance(head_dim, int) else 0
             if max_tokens * lines * 8 * info.world_size >= 2**31:
                 problems.append((ValueError, "TUNING['cuda_opts'] 'll128': max_tokens * heads too large (int32 lines)"))
         geometry = (

@@ -71,12 +71,17 @@ class Stats:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``--quick`` (a < 90 s run), ``--out DIR`` (JSON + PNG), ``--world W``, ``--iters``, ``--calls``."""
+    """``--quick`` (a < 90 s run), ``--out DIR`` (JSON + PNG), ``--world W``, ``--iters``, ``--calls``,
+    ``--lead-us`` (see :func:`time_op`)."""
     p.add_argument("--quick", action="store_true", help="fewer sizes and replays (finishes in < 90 s on 2 GPUs)")
     p.add_argument("--out", default="out/bench", help="directory for the JSON and PNG (default: out/bench)")
     p.add_argument("--world", type=int, default=None, help="ranks / GPUs (default: 2, or all GPUs if fewer)")
     p.add_argument("--iters", type=int, default=None, help="timed replays per case (default 100; quick: 30)")
     p.add_argument("--calls", type=int, default=None, help="calls per CUDA graph / timed block (default 20)")
+    p.add_argument(
+        "--lead-us", type=float, default=100.0,
+        help="GPU sleep before each timed replay so the host launch is not timed (default 100; 0: off)",
+    )  # fmt: skip
     return p
 
 
@@ -143,6 +148,7 @@ def time_op(
     iters: int = 100,
     warmup: int = 3,
     group=None,
+    lead_us: float = 100.0,
 ) -> list[float]:
     """This rank's µs per call of ``step``, one value per timed replay (``iters`` values).
 
@@ -153,6 +159,13 @@ def time_op(
         calls: back-to-back calls per replay (the per-call time is the replay time / calls).
         iters: timed replays. ``warmup``: untimed replays first (eager warm-up also runs before capture).
         group: the process group used for the device barrier before each replay (NCCL).
+        lead_us: after the barrier, every rank's stream first sleeps about this long on the GPU
+            (``torch.cuda._sleep``, same length on every rank, so they stay aligned), so that the host has
+            enqueued the start event, the replay and the end event before the start event runs. Without
+            it, a replay whose GPU work is shorter than its host-side launch (the NCCL barrier, two events
+            and the graph launch: tens of µs) is timed with the host's launch gap inside: 2026-11-30, the
+            LL kernel at T = 1 (10 calls, ~40 µs of GPU work) measured bimodal 4 / 6-7 µs per call. 0 turns
+            it off (the old harness).
 
     Every rank must call this with the same arguments (the barrier is collective).
     """
@@ -184,6 +197,7 @@ def time_op(
             block()
         torch.cuda.synchronize()
         run = g.replay
+    lead_cycles = _sleep_cycles(lead_us)
     for _ in range(warmup):
         device_barrier(group)
         run()
@@ -192,6 +206,8 @@ def time_op(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for k in range(iters):
         device_barrier(group)
+        if lead_cycles:
+            torch.cuda._sleep(lead_cycles)
         starts[k].record()
         run()
         ends[k].record()
@@ -199,6 +215,14 @@ def time_op(
     out = [s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)]
     del g
     return out
+
+
+def _sleep_cycles(us: float) -> int:
+    """GPU clock cycles of ``torch.cuda._sleep`` for about ``us`` µs at this device's clock (0 for us <= 0)."""
+    if us <= 0:
+        return 0
+    khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0)  # kHz
+    return int(us * (khz if khz > 0 else 1_980_000) / 1000.0)  # (H200 boost clock if not reported)
 
 
 def slowest_rank(times_us: Sequence[float], group=None) -> Stats:

@@ -62,16 +62,16 @@ T_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 T_QUICK = [1, 8, 32, 128, 256]
 N_SETS = 4
 KERNEL_VARIANTS = {  # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"])
-    "cuda": ("cuda", None, ()),
-    "cuda_pdl": ("cuda", None, ("pdl",)),
+    "cuda": ("cuda", None, None),  # the library default (TUNING["cuda_opts"], i.e. ("pdl",))
+    "cuda_nopdl": ("cuda", None, ()),
     "cuda_ll128": ("cuda", None, ("ll128",)),
     "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl")),
     "cuda_chunked": ("cuda", None, ("chunked",)),
     "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl")),
     "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles")),
-    "cuda_plain": ("cuda", 0, ()),
-    "cuda_ll": ("cuda", "max", ()),
-    "triton": ("triton", None, ()),
+    "cuda_plain": ("cuda", 0, None),
+    "cuda_ll": ("cuda", "max", None),
+    "triton": ("triton", None, None),
 }
 # --breakdown: (column, stage mask of peerdcp.output.ops, TUNING["cuda_opts"]); mask None = the default build
 BREAKDOWN_VARIANTS = [
@@ -164,12 +164,13 @@ class SglAgRs:
 
 # ------------------------------------------------------------------------------------------ ranks
 @contextlib.contextmanager
-def _cuda_opts(opts: tuple):
-    """Reducers built inside read ``TUNING["cuda_opts"] = opts`` (restored after)."""
+def _cuda_opts(opts: tuple | None):
+    """Reducers built inside read ``TUNING["cuda_opts"] = opts`` (restored after; None: the default)."""
     from peerdcp.output import reducer as R
 
     saved = R.TUNING["cuda_opts"]
-    R.TUNING["cuda_opts"] = opts
+    if opts is not None:
+        R.TUNING["cuda_opts"] = opts
     try:
         yield
     finally:
@@ -188,11 +189,13 @@ def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     import peerdcp
+    from peerdcp.output import reducer as R
     from peerdcp.output.reference import dcp_reduce
 
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     ko = load_sglang_kernels(cfg["sglang_kernels"])
+    R.TUNING.update(cfg.get("tuning") or {})  # --tuning (a spawned rank process: nothing to restore)
     rows: list[dict] = []
     for geo in cfg["geometries"]:
         H = GEOMETRIES[geo]
@@ -244,6 +247,7 @@ def rank_main(cfg: dict) -> list[dict]:
                         graph=(mode == "graph"),
                         calls=cfg["calls"],
                         iters=cfg["iters"],
+                        lead_us=cfg["lead_us"],
                     )
                     st = slowest_rank(us)
                     rows.append(
@@ -329,7 +333,11 @@ def rank_breakdown(cfg: dict) -> list[dict]:
                         rel = float((got - ref).norm() / ref.norm())
                         ok_map[(T, kern, name)] = (rel < 4e-3 and not bool(torch.isnan(got).any()), rel)
                     us = time_op(
-                        lambda i, r=red: r.reduce(*sets[i % N_SETS]), graph=True, calls=cfg["calls"], iters=cfg["iters"]
+                        lambda i, r=red: r.reduce(*sets[i % N_SETS]),
+                        graph=True,
+                        calls=cfg["calls"],
+                        iters=cfg["iters"],
+                        lead_us=cfg["lead_us"],
                     )
                     torch.cuda.synchronize()
                     red.check()
@@ -447,7 +455,7 @@ def _table(rows: list[dict], mode: str) -> str:
     return "\n\n".join(out)
 
 
-DEFAULT_METHOD = "direct-vmm-cuda"  # what OutputReducer(backend="auto") gives on these GPUs (vmm, no opt-ins)
+DEFAULT_METHOD = "direct-vmm-cuda"  # what OutputReducer(backend="auto") gives on these GPUs (vmm, default opts)
 
 
 def _verdict(rows: list[dict]) -> list[str]:
@@ -475,6 +483,20 @@ def _verdict(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _parse_tuning(items: list[str]) -> dict[str, int]:
+    """``["cuda_programs_per_sm=3", ...]`` -> ``{"cuda_programs_per_sm": 3}``; only integer entries of TUNING."""
+    from peerdcp.output.reducer import TUNING
+
+    out = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or key not in TUNING or not isinstance(TUNING[key], int):
+            ints = sorted(k for k, v in TUNING.items() if isinstance(v, int))
+            raise SystemExit(f"--tuning {item!r}: expected KEY=INT with KEY one of {ints}")
+        out[key] = int(val)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = add_common_args(argparse.ArgumentParser(prog="python -m bench.output", description=__doc__.split("\n")[0]))
     p.add_argument("--geometries", nargs="+", default=None, choices=sorted(GEOMETRIES))
@@ -490,7 +512,12 @@ def main(argv: list[str] | None = None) -> int:
         help="columns of --breakdown (default: all; 'full' is always included)",
     )  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="--breakdown: timing rounds per variant (default 2)")
+    p.add_argument(
+        "--tuning", nargs="+", default=[], metavar="KEY=INT",
+        help="override integer entries of peerdcp.output.reducer.TUNING in the ranks (tuning sweeps)",
+    )  # fmt: skip
     a = p.parse_args(argv)
+    tuning = _parse_tuning(a.tuning)
     if a.breakdown:
         return _main_breakdown(a)
     if a.quick:
@@ -503,7 +530,9 @@ def main(argv: list[str] | None = None) -> int:
             geometries=a.geometries or list(GEOMETRIES), tokens=a.tokens or T_FULL, modes=a.modes or ["graph", "eager"],
             iters=a.iters or 100, calls=a.calls or 20,
         )  # fmt: skip
-    cfg.update(memories=a.memories, baselines=a.baselines, sglang_kernels=a.sglang_kernels)
+    cfg.update(
+        memories=a.memories, baselines=a.baselines, sglang_kernels=a.sglang_kernels, tuning=tuning, lead_us=a.lead_us
+    )
     # the first memory gets every kernel variant; the others the default CUDA kernel and the Triton twin
     cfg["kernels"] = a.kernels or list(KERNEL_VARIANTS)
     cfg["kernels_all_memories"] = ["cuda"] if a.quick else ["cuda", "triton"]
@@ -553,7 +582,7 @@ def _main_breakdown(a) -> int:
     variants = ["full", *[v for v in (a.breakdown_variants or [v[0] for v in BREAKDOWN_VARIANTS]) if v != "full"]]
     cfg = dict(
         tokens=a.tokens or T_QUICK, iters=a.iters or 30, calls=a.calls or 10, rounds=max(1, a.rounds),
-        variants=variants,
+        variants=variants, lead_us=a.lead_us,
     )  # fmt: skip
     hdr = header()
     res = run_ranks("bench.output:rank_breakdown", a.world, cfg)[0][0]

@@ -164,7 +164,9 @@ def rank_main(cfg: dict) -> list[dict]:
                     for mode in cfg["modes"]:
                         if mode == "eager" and name not in (EAGER_QUICK if cfg["quick"] else EAGER_VARIANTS):
                             continue
-                        us = time_op(step, graph=mode == "graph", calls=cfg["calls"], iters=cfg["iters"])
+                        us = time_op(
+                            step, graph=mode == "graph", calls=cfg["calls"], iters=cfg["iters"], lead_us=cfg["lead_us"]
+                        )
                         st = slowest_rank(us)
                         rows.append(
                             dict(
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         "modes": args.modes or ["graph", "eager"],
         "iters": args.iters or (30 if quick else 100),
         "calls": args.calls or 20,
+        "lead_us": args.lead_us,
         "sets": 4,
         "verbose": args.verbose,
         "variants": args.variants,

@@ -50,7 +50,8 @@ def _device(cfg: dict) -> torch.device:
 def _time(cfg: dict, fn, *, graph: bool = True) -> float:
     """Median µs per call of the slowest rank (CUDA graph unless ``graph=False``); wall clock on CPU."""
     if cfg["device"] == "cuda":
-        return slowest_rank(time_op(fn, graph=graph, calls=cfg["calls"], iters=cfg["iters"])).median
+        us = time_op(fn, graph=graph, calls=cfg["calls"], iters=cfg["iters"], lead_us=cfg.get("lead_us", 100.0))
+        return slowest_rank(us).median
     import torch.distributed as dist
 
     t0 = time.perf_counter()
@@ -257,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "contexts": [] if args.no_indexer else ([32768, 131072]),
         "iters": args.iters or (20 if args.quick else 100),
         "calls": args.calls or (10 if args.quick else 20),
+        "lead_us": args.lead_us,
         "eager": args.eager,
         "breakdown": args.breakdown,
         "device": "cuda",

@@ -76,8 +76,16 @@ namespace {
 
 constexpr int kMaxWorld = 8;
 constexpr int kBlock = 256;     // threads per CTA
-constexpr int kPubUnroll = 4;   // 16-byte loads in flight per thread while publishing
-constexpr int kCombUnroll = 2;  // output vectors per thread per combine round
+// (the two unroll depths can be overridden at build time for tuning sweeps only:
+//  PEERDCP_NVCC_EXTRA="-DPEERDCP_OUTPUT_PUB_UNROLL=8 ..." - see scripts/diag/output_tune.py)
+#ifndef PEERDCP_OUTPUT_PUB_UNROLL
+#define PEERDCP_OUTPUT_PUB_UNROLL 4
+#endif
+#ifndef PEERDCP_OUTPUT_COMB_UNROLL
+#define PEERDCP_OUTPUT_COMB_UNROLL 2
+#endif
+constexpr int kPubUnroll = PEERDCP_OUTPUT_PUB_UNROLL;    // 16-byte loads in flight per thread while publishing
+constexpr int kCombUnroll = PEERDCP_OUTPUT_COMB_UNROLL;  // output vectors per thread per combine round
 constexpr int64_t kTokenSpace = int64_t(1) << 20;
 
 // `stages` bits (benchmark-only breakdown; mirrors peerdcp/output/ops.py STAGE_*)

@@ -79,10 +79,17 @@ def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = D
     return ctypes.CDLL(str(_ensure_built(name, sources, flags)))
 
 
+def _flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` plus ``$PEERDCP_NVCC_EXTRA`` (space-separated; for tuning sweeps such as
+    ``scripts/diag/output_tune.py`` only: the extra flags are part of the cache key, so each setting is its own
+    build, and nothing in the package sets them)."""
+    return (*flags, *os.environ.get("PEERDCP_NVCC_EXTRA", "").split())
+
+
 def load(name: str) -> ctypes.CDLL:
     """Build (if needed) and load the library ``name`` of :data:`LIBRARIES`."""
     sources, flags = LIBRARIES[name]
-    return load_library(name, sources, flags)
+    return load_library(name, sources, _flags(flags))
 
 
 def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, lib: Path) -> None:
@@ -126,7 +133,7 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 def prebuild() -> list[Path]:
     """Build every library into the cache without loading it (needs nvcc, not a GPU): a build machine can
     fill ``$PEERDCP_CACHE`` and ship it to GPU machines that should not spend time compiling."""
-    return [_ensure_built(name, sources, flags) for name, (sources, flags) in LIBRARIES.items()]
+    return [_ensure_built(name, sources, _flags(flags)) for name, (sources, flags) in LIBRARIES.items()]
 
 
 if __name__ == "__main__":

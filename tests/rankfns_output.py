@@ -320,11 +320,13 @@ def cuda_triton_twins(memory: str, cases: list[int], seed: int) -> list[dict]:
 
 
 def with_cuda_opts(cuda_opts, fn_name: str, *args):
-    """Run ``fn_name(*args)`` of this module with ``TUNING["cuda_opts"] = cuda_opts`` (restored after)."""
+    """Run ``fn_name(*args)`` of this module with ``TUNING["cuda_opts"] = cuda_opts`` (restored after;
+    None: the library default)."""
     from peerdcp.output import reducer as R
 
     saved = R.TUNING["cuda_opts"]
-    R.TUNING["cuda_opts"] = cuda_opts
+    if cuda_opts is not None:
+        R.TUNING["cuda_opts"] = cuda_opts
     try:
         return globals()[fn_name](*args)
     finally:

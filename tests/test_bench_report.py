@@ -16,13 +16,13 @@ def test_verdict_uses_the_default_configuration():
         _row("sgl-a2a", 128, 30.0),
         _row(O.DEFAULT_METHOD, 1, 5.0),  # 2.0x, misses 4.5 us
         _row(O.DEFAULT_METHOD, 128, 9.0),  # 3.33x, meets 10 us
-        _row("direct-vmm-cuda_pdl", 1, 3.0),  # opt-in, faster: must not decide the verdict
-        _row("direct-vmm-cuda_pdl", 128, 8.0),
+        _row("direct-vmm-cuda_ll128", 1, 3.0),  # opt-in, faster: must not decide the verdict
+        _row("direct-vmm-cuda_ll128", 128, 8.0),
     ]
     O._ratios(rows)
     v = O._verdict(rows)
     assert v[0].startswith(f"target T=1: {O.DEFAULT_METHOD} 5.00") and "NOT MET" in v[0], v
-    assert "fastest variant direct-vmm-cuda_pdl 3.00" in v[0], v
+    assert "fastest variant direct-vmm-cuda_ll128 3.00" in v[0], v
     assert v[1].startswith(f"target T=128: {O.DEFAULT_METHOD} 9.00") and ": MET" in v[1], v
     assert "worst 2.00x at T=1: NOT MET" in v[2], v
     table = O._table(rows, "graph")

@@ -36,6 +36,7 @@ VARIANTS = {
     "cuda_chunked": ("cuda", None),
     "cuda_chunked_only": ("cuda", 0),  # every T on the chunked kernel (no LL)
     "cuda_chunked_split": ("cuda", None),
+    "cuda_nopdl": ("cuda", None),  # the kernel without PDL (the default until session 5)
     "triton": ("triton", None),
 }
 OPTS = {
@@ -44,12 +45,13 @@ OPTS = {
     "cuda_chunked": ("chunked",),
     "cuda_chunked_only": ("chunked",),
     "cuda_chunked_split": ("chunked", "split_roles"),
-}  # TUNING["cuda_opts"] of a variant (default: ())
+    "cuda_nopdl": (),
+}  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",))
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
     """``fns.<fn_name>(*args)`` on every rank, under the variant's TUNING["cuda_opts"]."""
-    return pool.run(fns.with_cuda_opts, OPTS.get(kernel, ()), fn_name, *args, **kw)
+    return pool.run(fns.with_cuda_opts, OPTS.get(kernel), fn_name, *args, **kw)
 
 
 def _cfg(backend, memory="auto", kernel="auto", dtype=torch.bfloat16, lse_base="e", max_tokens=256, **geo):
@@ -72,7 +74,9 @@ def _ok(res):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_ll128", "cuda_chunked", "triton"])
+@pytest.mark.parametrize(
+    "kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "triton"]
+)
 def test_direct_agrees_with_reference(pools, memory, kernel):
     """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2 (T up to 64);
     50 calls back to back with new inputs and no barrier."""
@@ -118,10 +122,12 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128", "cuda_chunked", "cuda_chunked_split", "triton"])
+@pytest.mark.parametrize(
+    "kernel", ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "cuda_chunked_split", "triton"]
+)
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
     """One graph = a T=128 call (plain / LL128 / chunked protocol) then a T=3 call (LL protocol for "cuda*")."""
-    replays = 10_000 if kernel in ("cuda", "cuda_ll128", "cuda_chunked", "cuda_chunked_split") else 2_000
+    replays = 10_000 if kernel in ("cuda", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "cuda_chunked_split") else 2_000
     res = _run(_pool(pools), kernel, "graph_replays", _cfg("direct", memory, kernel), replays, 128, 3, timeout=900)
     for r in res:
         assert r["kernel"] == VARIANTS[kernel][0] and r["memory"] == memory, r
@@ -134,7 +140,9 @@ def test_graph_replays_baselines(pools):
         assert all(r["mismatches"] == 0 for r in res), res
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "cuda_plain", "cuda_ll128_only", "cuda_chunked_only", "triton"])
+@pytest.mark.parametrize(
+    "kernel", ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128_only", "cuda_chunked_only", "triton"]
+)
 def test_missing_peer_raises_timeout_on_gpu(pools, kernel):
     cfg = _cfg("direct", "vmm", kernel, max_tokens=8)
     cfg.pop("timeout_s")

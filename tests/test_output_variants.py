@@ -25,7 +25,7 @@ HOST = dict(max_tokens=4, heads_per_rank=3, head_dim=16, backend="direct", memor
 
 
 def test_opts_names_and_masks():
-    assert R.TUNING["cuda_opts"] == ()  # default: none
+    assert R.TUNING["cuda_opts"] == ("pdl",)  # the default (session 5: faster at every T)
     assert set(R._CUDA_OPTS) == set(ops.OPTS)
     assert ops.opts_mask(()) == 0
     assert ops.opts_mask(("tight_grid", "pdl")) == 5
@@ -130,7 +130,7 @@ def test_gpu_opt_in_variants_agree(pools, opts, ll):
         res = pool.run(fns.with_cuda_opts, opts, "run_cases", cfg, cs, seed)
         for rank, rows in enumerate(res):
             assert all(r["ok"] for r in rows), (rank, [r for r in rows if not r["ok"]][:3])
-            assert rows[0]["kernel"] == "cuda" and "opt-in variants" in rows[0]["reason"], rows[0]
+            assert rows[0]["kernel"] == "cuda" and "kernel variants" in rows[0]["reason"], rows[0]
     gcfg = {k: v for k, v in cfg.items()}
     res = pool.run(fns.with_cuda_opts, opts, "graph_replays", gcfg, 20, 128, 3)
     assert all(r["mismatches"] == 0 for r in res), res
@@ -142,5 +142,6 @@ def test_gpu_breakdown_leaves_protocol_consistent(pools, T, ll):
     cfg = dict(KIMI, memory="vmm")
     if ll is not None:
         cfg["ll_max_tokens"] = ll
-    res = pools(2, NCCL).run(fns.breakdown_then_full, cfg, T, 71)
+    # the breakdown masks exist in the build without PDL only (ops rejects them with pdl / early_load)
+    res = pools(2, NCCL).run(fns.with_cuda_opts, (), "breakdown_then_full", cfg, T, 71)
     assert all(r == {"instrumented": True, "full": True, "after": True} for r in res), res

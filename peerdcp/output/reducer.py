@@ -64,14 +64,15 @@ TUNING = {
     "triton_unit_elems_cpu": 32,  # ... under the interpreter (tiny test shapes)
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
-    # CUDA kernel opt-in variants, read at construction and agreed by every rank (names of ops.OPTS):
+    # CUDA kernel variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
-    # "pdl" (programmatic dependent launch), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
+    # "pdl" (programmatic dependent launch; the default since 2026-11-30: 0.3-0.5 us faster at every T in
+    # the same run, bench/RESULTS.md session 5), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
     # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output_direct.cu), "chunked"
     # (T > cuda_ll_max_tokens: the plain protocol released per chunk of units by a signalling warp, so the
     # combine overlaps the transfer), "split_roles" (with "chunked": separate publishing and combining
-    # warps). Default none; bench/output.py measures them against it.
-    "cuda_opts": (),
+    # warps). () is the kernel without any; bench/output.py measures the variants against the default.
+    "cuda_opts": ("pdl",),
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -319,7 +320,7 @@ class OutputReducer:
             f", LL protocol for T <= {self.ll_max_tokens}" if self.ll_max_tokens else ""
         )
         if self.cuda_opts:
-            self.reason += f", opt-in variants {'+'.join(self.cuda_opts)}"
+            self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
         elem = torch.empty((), dtype=self.dtype).element_size()
         ll128 = self.max_tokens if "ll128" in self.cuda_opts else 0

@@ -61,17 +61,20 @@ HEAD_DIM = 512
 T_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 T_QUICK = [1, 8, 32, 128, 256]
 N_SETS = 4
-KERNEL_VARIANTS = {  # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"])
-    "cuda": ("cuda", None, None),  # the library default (TUNING["cuda_opts"], i.e. ("pdl",))
-    "cuda_nopdl": ("cuda", None, ()),
-    "cuda_ll128": ("cuda", None, ("ll128",)),
-    "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl")),
-    "cuda_chunked": ("cuda", None, ("chunked",)),
-    "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl")),
-    "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles")),
-    "cuda_plain": ("cuda", 0, None),
-    "cuda_ll": ("cuda", "max", None),
-    "triton": ("triton", None, None),
+# name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
+#        ll128_max_tokens (None: default))
+KERNEL_VARIANTS = {
+    "cuda": ("cuda", None, None, None),  # the library default: LL <= 8, LL128 <= 32, plain; PDL
+    "cuda_nopdl": ("cuda", None, (), None),
+    "cuda_noll128": ("cuda", None, None, 0),  # the default until session 5 (LL, then plain) with PDL
+    "cuda_ll128": ("cuda", None, ("ll128",), None),
+    "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl"), None),
+    "cuda_chunked": ("cuda", None, ("chunked",), None),
+    "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl"), None),
+    "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles"), None),
+    "cuda_plain": ("cuda", 0, None, 0),
+    "cuda_ll": ("cuda", "max", None, None),
+    "triton": ("triton", None, None, None),
 }
 # --breakdown: (column, stage mask of peerdcp.output.ops, TUNING["cuda_opts"]); mask None = the default build
 BREAKDOWN_VARIANTS = [
@@ -206,11 +209,11 @@ def rank_main(cfg: dict) -> list[dict]:
             for variant in cfg["kernels"]:
                 if memory != cfg["memories"][0] and variant not in cfg["kernels_all_memories"]:
                     continue
-                kernel, ll, opts = KERNEL_VARIANTS[variant]
+                kernel, ll, opts, ll128 = KERNEL_VARIANTS[variant]
                 with _cuda_opts(opts):
                     red = peerdcp.OutputReducer(
                         None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory=memory,
-                        kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll,
+                        kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll, ll128_max_tokens=ll128,
                     )  # fmt: skip
                 reducers.append(red)
                 methods[f"direct-{memory}-{variant}"] = red.reduce
@@ -292,6 +295,7 @@ def rank_breakdown(cfg: dict) -> list[dict]:
                     red = peerdcp.OutputReducer(
                         None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct",
                         memory="vmm", kernel="cuda", device=dev, ll_max_tokens=ll_default if kern == "ll" else 0,
+                        ll128_max_tokens=0,
                         timeout_s=5.0,
                     )  # fmt: skip
                 reducers[(kern, opts)] = red

@@ -47,9 +47,12 @@
 //                  so the slot argument is unchanged), then griddepcontrol.launch_dependents, so the next
 //                  PDL launch is staged while this one runs. Deadlock freedom: dependents are launched only
 //                  after every CTA of this grid issued the trigger, i.e. all of them are already resident.
-//   kOptLL128      calls with T > ll_max_tokens run output_direct_ll128_kernel (below; flags inside 128-byte
-//                  lines, NCCL's LL128) instead of the plain kernel. Not with kOptTightGrid (the LL128 reader of
-//                  an LSE word may be another CTA than its writer, so every CTA must run in every call).
+//   kOptLL128      calls with ll_max_tokens < T <= ll128_max_tokens run output_direct_ll128_kernel (below; flags
+//                  inside 128-byte lines, NCCL's LL128) instead of the plain kernel. Not with kOptTightGrid (the
+//                  LL128 reader of an LSE word may be another CTA than its writer, so every CTA must run in every
+//                  call). Set by the host by default since 2026-11-30 (session 5) for T <= 32, where it measured
+//                  faster than the plain kernel; LL, LL128 and plain calls interleave freely: each has its own
+//                  region, all three advance every CTA's epoch, and the two-slot argument holds per region.
 //   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (below; the plain protocol
 //                  released per chunk of units by a signalling warp). Not with kOptLL128 or kOptEarlyLoad.
 //   kOptSplit      with kOptChunked only: separate publishing and combining warps in that kernel.
@@ -118,6 +121,8 @@ struct OutputDirectParams {
   int32_t ll_max_tokens;    // calls with T <= this use the LL kernel (0: never)
   int32_t stages;           // stage-breakdown mask (benchmark only; 0 = the full kernel)
   int32_t opts;             // opt-in variants (kOpt*; 0 = default)
+  int32_t ll128_max_tokens; // with kOptLL128: calls with ll_max_tokens < T <= this use the LL128 kernel, larger
+                            // T the plain one; also the LL128 region's rows per (slot, source)
 };
 
 // griddepcontrol (PTX ISA 7.8, sm_90): programmatic dependent launch.
@@ -726,9 +731,11 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
 // vs 22.1; about 0.5 us faster at T = 32 in some runs. Tried without a gain: one line per thread per round,
 // kCU lines per round (kept), weak instead of volatile line stores (kept; no difference), split producer /
 // consumer warps (T = 128 17.4 us, left off), flag-only polling with __nanosleep back-off (slightly worse,
-// not kept). Hence opt-in. Not yet measured: a stage breakdown of this kernel (publish alone vs the link).
+// not kept). Session 5 (same run, with PDL): 6.48 us at T = 32 vs 7.21 for the plain kernel, 13.0 vs 12.8 at
+// T = 128, 25.5 vs 21.5 at T = 256; hence the host uses it for ll_max_tokens < T <= ll128_max_tokens (default
+// 32) and the plain kernel above. Not yet measured: a stage breakdown of this kernel (publish vs the link).
 //
-// Layout at ll128_off, in 8-byte words: [2 slots][W src][max_tokens][rowW] with
+// Layout at ll128_off, in 8-byte words: [2 slots][W src][ll128_max_tokens][rowW] with
 //   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),
 //   payload word w (elements 4w..4w+3 of the [H, D] slice) at line w / 15, word w % 15;
 //   the LSE of head h as an LL word {lse bits, f} at NL*16 + h (f = 2*epoch + 1, as the LL kernel).
@@ -761,7 +768,7 @@ __device__ __forceinline__ Ll128Geo make_ll128_geo(const OutputDirectParams& p, 
   g.PW = p.H * (p.D >> 2);
   g.NL = (g.PW + kLineData - 1) / kLineData;
   g.rowW = int64_t(g.NL) * kLineWords + ((p.H + 15) & ~15);
-  g.lines = p.T * g.NL;  // the host keeps max_tokens * NL * 8 * W < 2^31
+  g.lines = p.T * g.NL;  // the host keeps ll128_max_tokens * NL * 8 * W < 2^31
   g.lo = static_cast<int>((int64_t(g.lines) * prog) / p.G);
   g.hi = static_cast<int>((int64_t(g.lines) * (prog + 1)) / p.G);
   return g;
@@ -830,7 +837,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __
   const int W = p.W, H = p.H, rank = p.rank, T = p.T, PW = g.PW, NL = g.NL;
   const int64_t rowW = g.rowW;
   const uint2* src = reinterpret_cast<const uint2*>(p.partial_out);  // 8-byte words
-  const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
+  const int64_t my_row0 = int64_t(slot * W + rank) * p.ll128_max_tokens;
 
   // Warp roles (kLL128SplitRoles): either every thread publishes and then combines, or warps publish and
   // others combine with nothing ordering the two (producers never wait, so a consumer's wait always ends).
@@ -931,7 +938,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __
       for (int j = 0; j < NO; ++j) {
         if (j >= W - 1) break;
         const int s = j + (j >= rank);
-        const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.max_tokens + t[k]) * rowW;
+        const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.ll128_max_tokens + t[k]) * rowW;
         const uint2* lw = row + int64_t(NL) * kLineWords;  // the row's LSE words
         v[k][j] = valid[k] ? peerdcp::ld_volatile_v4(reinterpret_cast<const uint4*>(row + int64_t(L[k]) * kLineWords) + lane)
                            : make_uint4(0, 0, 0, 0);
@@ -946,7 +953,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __
       for (int j = 0; j < NO; ++j) {
         if (j >= W - 1) break;  // uniform
         const int s = j + (j >= rank);
-        const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.max_tokens + t[k]) * rowW;
+        const uint2* row = reinterpret_cast<const uint2*>(inbox) + (int64_t(slot * W + s) * p.ll128_max_tokens + t[k]) * rowW;
         const uint4* lp = reinterpret_cast<const uint4*>(row + int64_t(L[k]) * kLineWords) + lane;
         const uint2* lw = row + int64_t(NL) * kLineWords;
         bool rdy = __shfl_sync(kFullMask, !valid[k] || (v[k][j].z == flo && v[k][j].w == fhi), flag_lane);
@@ -1053,7 +1060,7 @@ cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
     grid = n_units < p.G ? static_cast<int>(n_units) : p.G;
   }
   if (p.T <= p.ll_max_tokens) return launch_one<kVar>(output_direct_ll_kernel<scalar_t, WMAX, kVar>, grid, p, stream);
-  if (p.opts & kOptLL128) {  // every CTA, every call (see the LL128 notes); stages / early load do not apply
+  if ((p.opts & kOptLL128) && p.T <= p.ll128_max_tokens) {  // every CTA, every call (see the LL128 notes)
     constexpr int kVarLL128 = kVar & kVarPdl;
     return launch_one<kVarLL128>(output_direct_ll128_kernel<scalar_t, WMAX, kVarLL128>, p.G, p, stream);
   }
@@ -1161,10 +1168,13 @@ extern "C" int peerdcp_output_direct_blocks_per_sm_variant(int W, int dtype, int
   return a < b ? a : b;
 }
 
-// LL128 item indices are int32: max_tokens * NL * 8 lanes * W must stay below 2^31 (the reducer checks it too).
+// LL128 item indices are int32: ll128_max_tokens * NL * 8 lanes * W must stay below 2^31 (the reducer checks it
+// too), and the region's rows per (slot, source) lie in [1, max_tokens].
 inline bool ll128_fits(const OutputDirectParams& p) {
   const int64_t pw = int64_t(p.H) * (p.D >> 2), nl = (pw + kLineData - 1) / kLineData;
-  return int64_t(p.max_tokens) * nl * 8 * p.W < (int64_t(1) << 31) && int64_t(p.T) * p.W * p.H < (int64_t(1) << 31);
+  return p.ll128_max_tokens >= 1 && p.ll128_max_tokens <= p.max_tokens &&
+         int64_t(p.ll128_max_tokens) * nl * 8 * p.W < (int64_t(1) << 31) &&
+         int64_t(p.T) * p.W * p.H < (int64_t(1) << 31);
 }
 
 // The parameter block is passed as void*: OutputDirectParams lives in an unnamed namespace, and a

@@ -244,10 +244,13 @@ def _ref32(outs, lses, rank, base):
     return ref(outs, lses, rank, lse_base=base, return_lse=True, compute_dtype=torch.float32)
 
 
-def graph_replays(config: dict, replays: int, t_big: int, t_small: int, n_sets: int = 5) -> dict:
-    """Capture two back-to-back reduce calls (T = t_big, then t_small with return_lse) in one CUDA graph;
-    replay it ``replays`` times, copying a new input set into the static inputs before each replay (no
-    barrier, no host sync). Every replay is compared on the GPU with its fp32 reference; returns counts."""
+def graph_replays(
+    config: dict, replays: int, t_big: int, t_small: int, n_sets: int = 5, t_mid: int | None = None
+) -> dict:
+    """Capture back-to-back reduce calls (T = t_big, then t_mid if given, then t_small with return_lse) in
+    one CUDA graph; replay it ``replays`` times, copying a new input set into the static inputs before each
+    replay (no barrier, no host sync). Every replay is compared on the GPU with its fp32 reference; returns
+    counts."""
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     with peerdcp.OutputReducer(None, **dict(config, device=dev)) as red:  # the baselines' config names "cuda"
@@ -258,16 +261,22 @@ def graph_replays(config: dict, replays: int, t_big: int, t_small: int, n_sets: 
             os_, ls_ = gpu_inputs(200 + k, W, t_small, H, D, dt)
             rb, _ = _ref32(ob, lb, rank, base)
             rs, rls = _ref32(os_, ls_, rank, base)
-            sets.append((ob[rank], lb[rank], rb, os_[rank], ls_[rank], rs, rls))
+            om, lm = gpu_inputs(300 + k, W, t_mid or 1, H, D, dt)
+            rm, _ = _ref32(om, lm, rank, base)
+            sets.append((ob[rank], lb[rank], rb, os_[rank], ls_[rank], rs, rls, om[rank], lm[rank], rm))
         s_ob, s_lb = sets[0][0].clone(), sets[0][1].clone()
         s_os, s_ls = sets[0][3].clone(), sets[0][4].clone()
+        s_om, s_lm = sets[0][7].clone(), sets[0][8].clone()
         for _ in range(3):  # warm-up (JIT, allocator) on both ranks equally
             red.reduce(s_ob, s_lb)
+            if t_mid:
+                red.reduce(s_om, s_lm)
             red.reduce(s_os, s_ls, return_lse=True)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             g_out_b = red.reduce(s_ob, s_lb)
+            g_out_m = red.reduce(s_om, s_lm) if t_mid else None
             g_out_s, g_lse_s = red.reduce(s_os, s_ls, return_lse=True)
         bad = torch.zeros((), dtype=torch.int64, device=dev)
         ulp = ULP[dt] * 1.001
@@ -277,17 +286,20 @@ def graph_replays(config: dict, replays: int, t_big: int, t_small: int, n_sets: 
             return ((d > ulp * ref.abs() + 1e-5) | torch.isnan(out)).any()
 
         for i in range(replays):
-            ob, lb, rb, os_, ls_, rs, rls = sets[i % n_sets]
+            ob, lb, rb, os_, ls_, rs, rls, om, lm, rm = sets[i % n_sets]
             s_ob.copy_(ob)
             s_lb.copy_(lb)
             s_os.copy_(os_)
             s_ls.copy_(ls_)
+            s_om.copy_(om)
+            s_lm.copy_(lm)
             g.replay()
             fin = torch.isfinite(rls)
             lse_bad = (g_lse_s[~fin] != rls[~fin]).any() | (
                 (g_lse_s[fin] - rls[fin]).abs() > 1e-4 * rls[fin].abs().clamp_min(1)
             ).any()
-            bad += (mism(g_out_b, rb) | mism(g_out_s, rs) | lse_bad).to(torch.int64)
+            mid_bad = mism(g_out_m, rm) if t_mid else torch.zeros((), dtype=torch.bool, device=dev)
+            bad += (mism(g_out_b, rb) | mid_bad | mism(g_out_s, rs) | lse_bad).to(torch.int64)
         torch.cuda.synchronize()
         red.check()
         info = {"backend": red.backend, "memory": red.memory, "kernel": red.kernel, "programs": red.programs}

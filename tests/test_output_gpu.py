@@ -15,15 +15,16 @@ pytestmark = pytest.mark.multigpu
 
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512)
-TS = [1, 2, 7, 64, 128, 256]
+TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), LL128 (<= 32, default), plain
 
 
 def _pool(pools):
     return pools(GPU_WORLD, NCCL)
 
 
-# kernel variants: "cuda" (LL protocol up to the default threshold, then plain), "cuda_ll" (always LL),
-# "cuda_plain" (never LL), "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
+# kernel variants: "cuda" (the default: LL protocol up to T = 8, LL128 up to 32, then plain; PDL),
+# "cuda_ll" (always LL), "cuda_plain" (never LL or LL128), "cuda_nopdl" (the default without PDL),
+# "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
 # ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
 # "triton" (the Triton twin)
@@ -47,6 +48,7 @@ OPTS = {
     "cuda_chunked_split": ("chunked", "split_roles"),
     "cuda_nopdl": (),
 }  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",))
+LL128 = {"cuda_plain": 0}  # ll128_max_tokens of a variant (absent: the default; "cuda_plain": the plain kernel)
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
@@ -62,6 +64,8 @@ def _cfg(backend, memory="auto", kernel="auto", dtype=torch.bfloat16, lse_base="
         cfg.update(memory=memory, kernel=kern)
         if ll is not None:
             cfg["ll_max_tokens"] = max_tokens if ll == "max" else ll
+        if kernel in LL128:
+            cfg["ll128_max_tokens"] = LL128[kernel]
     else:
         cfg["device"] = "cuda"
     return cfg
@@ -126,9 +130,11 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
     "kernel", ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "cuda_chunked_split", "triton"]
 )
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
-    """One graph = a T=128 call (plain / LL128 / chunked protocol) then a T=3 call (LL protocol for "cuda*")."""
+    """One graph = a T=128 call (plain / LL128 / chunked protocol), a T=24 call (the default's LL128 range) and a
+    T=3 call (LL protocol for "cuda*")."""
     replays = 10_000 if kernel in ("cuda", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "cuda_chunked_split") else 2_000
-    res = _run(_pool(pools), kernel, "graph_replays", _cfg("direct", memory, kernel), replays, 128, 3, timeout=900)
+    cfg = _cfg("direct", memory, kernel)
+    res = _run(_pool(pools), kernel, "graph_replays", cfg, replays, 128, 3, 5, 24, timeout=900)
     for r in res:
         assert r["kernel"] == VARIANTS[kernel][0] and r["memory"] == memory, r
         assert r["replays"] == replays and r["mismatches"] == 0, r

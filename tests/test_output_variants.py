@@ -55,6 +55,14 @@ def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
     assert all(r.get("error", "").startswith("ValueError") and "'chunked' only" in r["error"] for r in res), res
 
 
+def test_ll128_max_tokens_validated_on_every_rank(pools):
+    for bad, exc in ((-1, "ValueError"), ("8", "TypeError"), (True, "TypeError")):
+        res = pools(2).run(fns.construct_with_opts, dict(HOST, ll128_max_tokens=bad), ("pdl",))
+        assert all(r.get("error", "").startswith(exc) and "ll128_max_tokens" in r["error"] for r in res), res
+    res = pools(2).run(fns.construct_with_opts, dict(HOST, ll128_max_tokens=4), ("pdl",))
+    assert all(r.get("kernel") == "triton" for r in res), res  # the Triton path has no LL128: ignored
+
+
 @needs_nvcc
 def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     """Builds the .so with nvcc (no GPU needed): the ctypes mirror has the C size (library() checks it), and
@@ -90,9 +98,12 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     assert rc(0, ops.OPTS["chunked"] | ops.OPTS["early_load"]) == invalid
     assert rc(0, ops.OPTS["split_roles"]) == invalid  # split_roles needs chunked
     assert rc(0, 64) == invalid
-    p.max_tokens = 2**20 - 1  # LL128 line indices would overflow int32
+    assert rc(0, ops.OPTS["ll128"]) == invalid  # ll128_max_tokens 0: no LL128 region
+    p.max_tokens = p.ll128_max_tokens = 2**20 - 1  # LL128 line indices would overflow int32
     assert rc(0, ops.OPTS["ll128"]) == invalid
-    p.max_tokens = 8
+    p.max_tokens, p.ll128_max_tokens = 8, 9  # more LL128 rows than max_tokens
+    assert rc(0, ops.OPTS["ll128"]) == invalid
+    p.max_tokens, p.ll128_max_tokens = 8, 0
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["pdl"]) == invalid
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["early_load"]) == invalid
     p.stages, p.opts = 0, 2
@@ -139,7 +150,7 @@ def test_gpu_opt_in_variants_agree(pools, opts, ll):
 @pytest.mark.multigpu
 @pytest.mark.parametrize("T,ll", [(1, None), (8, None), (1, 0), (128, 0)])
 def test_gpu_breakdown_leaves_protocol_consistent(pools, T, ll):
-    cfg = dict(KIMI, memory="vmm")
+    cfg = dict(KIMI, memory="vmm", ll128_max_tokens=0)  # the breakdown runs the LL and plain kernels only
     if ll is not None:
         cfg["ll_max_tokens"] = ll
     # the breakdown masks exist in the build without PDL only (ops rejects them with pdl / early_load)

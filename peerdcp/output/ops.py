@@ -83,6 +83,7 @@ class OutputDirectParams(ctypes.Structure):
         ("ll_max_tokens", ctypes.c_int32),
         ("stages", ctypes.c_int32),
         ("opts", ctypes.c_int32),
+        ("ll128_max_tokens", ctypes.c_int32),
     ]
 
 
@@ -150,6 +151,7 @@ class DirectLauncher:
         ll_max_tokens: int = 0,
         opts: int = 0,
         ll128_off: int = 0,
+        ll128_max_tokens: int = 0,
     ) -> None:
         self._lib = library()
         self._device = ctypes.c_int(device)
@@ -161,6 +163,7 @@ class DirectLauncher:
         p.lse_off, p.payload_off, p.timeout_ns, p.ll_off = lse_off, payload_off, timeout_ns, ll_off
         p.ll128_off = ll128_off
         p.ll_max_tokens = ll_max_tokens
+        p.ll128_max_tokens = ll128_max_tokens
         p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
         p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
         p.base2, p.mech, p.dtype = int(base2), mech, _DTYPE_CODE[dtype]
@@ -237,6 +240,7 @@ def output_direct(
     ll_max_tokens: int,
     opts: int = 0,
     ll128_off: int = 0,
+    ll128_max_tokens: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
@@ -262,6 +266,7 @@ def output_direct(
         ll_max_tokens=ll_max_tokens,
         opts=opts,
         ll128_off=ll128_off,
+        ll128_max_tokens=ll128_max_tokens,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -270,6 +275,6 @@ def output_direct(
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
-    ll128_off=0,
+    ll128_off=0, ll128_max_tokens=0,
 ) -> None:  # fmt: skip
     return None

@@ -64,6 +64,10 @@ TUNING = {
     "triton_unit_elems_cpu": 32,  # ... under the interpreter (tiny test shapes)
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
+    # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
+    # see csrc/output_direct.cu for the assumption it makes), larger T the plain kernel. Session 5, same run:
+    # 6.5 vs 7.2 us at T = 32, slower than the plain kernel at T >= 128. 0 turns it off.
+    "cuda_ll128_max_tokens": 32,
     # CUDA kernel variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
     # "pdl" (programmatic dependent launch; the default since 2026-11-30: 0.3-0.5 us faster at every T in
@@ -102,6 +106,10 @@ class OutputReducer:
         ll_max_tokens: CUDA kernel only: calls with ``T <= ll_max_tokens`` use the LL protocol (each 8-byte
             word carries 4 data bytes and the call's flag: no fence, no flag round trip, twice the bytes).
             Default ``TUNING["cuda_ll_max_tokens"]``; 0 turns it off.
+        ll128_max_tokens: CUDA kernel only: calls with ``ll_max_tokens < T <= ll128_max_tokens`` use the LL128
+            protocol (flags inside 128-byte lines, as NCCL's LL128), larger T the plain protocol. Default
+            ``TUNING["cuda_ll128_max_tokens"]``; 0 turns it off; the ``"ll128"`` entry of
+            ``TUNING["cuda_opts"]`` makes it every T; off with ``"tight_grid"`` or ``"chunked"``.
 
     Attributes: ``backend``, ``memory`` (None for collectives), ``kernel`` (direct only), ``reason``,
     ``rank``, ``world_size``, ``programs``.
@@ -127,6 +135,7 @@ class OutputReducer:
         kernel: str = "auto",
         programs: int | None = None,
         ll_max_tokens: int | None = None,
+        ll128_max_tokens: int | None = None,
     ) -> None:
         self._closed = True  # until fully constructed
         self._buf = None
@@ -152,6 +161,8 @@ class OutputReducer:
             need_int("programs", programs, 1)
         if ll_max_tokens is not None:
             need_int("ll_max_tokens", ll_max_tokens, 0)
+        if ll128_max_tokens is not None:
+            need_int("ll128_max_tokens", ll128_max_tokens, 0)
         if dtype not in DTYPES:
             problems.append((TypeError, f"dtype must be torch.bfloat16 or torch.float16, got {dtype}"))
         if backend not in BACKENDS:
@@ -191,12 +202,21 @@ class OutputReducer:
                 problems.append((ValueError, f"TUNING['cuda_opts']: {a!r} and {b!r} exclude each other"))
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
-        if "ll128" in cuda_opts and isinstance(max_tokens, int) and isinstance(heads_per_rank, int):
-            lines = K.ll128_lines(heads_per_rank, head_dim) if isinstance(head_dim, int) else 0
-            if max_tokens * lines * 8 * info.world_size >= 2**31:
-                problems.append((ValueError, "TUNING['cuda_opts'] 'll128': max_tokens * heads too large (int32 lines)"))
+        l128 = TUNING["cuda_ll128_max_tokens"] if ll128_max_tokens is None else ll128_max_tokens
+        if "ll128" in cuda_opts:
+            l128 = max_tokens  # every T
+        elif "tight_grid" in cuda_opts or "chunked" in cuda_opts:
+            l128 = 0  # LL128 runs every CTA in every call: not with a tight grid; chunked replaces it
+        ints = (l128, max_tokens, ll, heads_per_rank, head_dim)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+            l128 = min(l128, max_tokens) if l128 > ll else 0  # 0: no call would use it
+        else:
+            l128 = 0  # (a bad argument is reported above)
+        if l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
+            problems.append((ValueError, "LL128: ll128_max_tokens * heads too large (int32 lines); lower it"))
         geometry = (
             max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll, cuda_opts,
+            l128,
         )  # fmt: skip
         gathered = all_gather_object(info, (problems and [m for _, m in problems], geometry))
         if problems:
@@ -207,7 +227,7 @@ class OutputReducer:
             raise ValueError("OutputReducer: invalid arguments on " + "; ".join(f"rank {r}: {p}" for r, p in others))
         names = (
             "max_tokens", "heads_per_rank", "head_dim", "dtype", "backend", "memory", "lse_base", "kernel", "programs",
-            "ll_max_tokens", "TUNING['cuda_opts']",
+            "ll_max_tokens", "TUNING['cuda_opts']", "ll128_max_tokens",
         )  # fmt: skip
         diff = [n for i, n in enumerate(names) if len({g[1][i] for g in gathered}) != 1]
         if diff:
@@ -222,6 +242,7 @@ class OutputReducer:
         self.kernel: str | None = None
         self.programs: int | None = None
         self.ll_max_tokens = 0
+        self.ll128_max_tokens = 0
 
         # -- 2. backend (auto: direct when peer memory is eligible)
         if backend in ("a2a", "ag_rs"):
@@ -240,11 +261,13 @@ class OutputReducer:
                 self.reason = f"direct over {kind} memory" + (f" ({why})" if why else "")
         self.cuda_opts: tuple[str, ...] = ()
         if self.backend == "direct":
-            self._setup_direct(kernel, programs, ll, cuda_opts)
+            self._setup_direct(kernel, programs, ll, cuda_opts, l128)
         self._closed = False
 
     # ------------------------------------------------------------------------------------ setup
-    def _setup_direct(self, kernel: str, programs: int | None, ll_max_tokens: int, cuda_opts: tuple = ()) -> None:
+    def _setup_direct(
+        self, kernel: str, programs: int | None, ll_max_tokens: int, cuda_opts: tuple = (), ll128_max_tokens: int = 0
+    ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
         err: BaseException | None = None
@@ -266,7 +289,8 @@ class OutputReducer:
 
                     try:
                         with torch.cuda.device(dev):
-                            per_sm = ops.blocks_per_sm(W, self.dtype, dev.index, opts=ops.opts_mask(cuda_opts))
+                            mask = ops.opts_mask(cuda_opts) | (ops.OPTS["ll128"] if ll128_max_tokens else 0)
+                            per_sm = ops.blocks_per_sm(W, self.dtype, dev.index, opts=mask)
                             block = ops.cuda_block()
                         if per_sm < 1:
                             raise RuntimeError("the CUDA kernel cannot be resident on this device")
@@ -311,22 +335,25 @@ class OutputReducer:
             self._hpu = K.heads_per_unit(self.heads, self.head_dim, target)
         self.ll_max_tokens = min(ll_max_tokens, self.max_tokens) if choice == "cuda" else 0
         self.cuda_opts = cuda_opts if choice == "cuda" else ()
+        self.ll128_max_tokens = ll128_max_tokens if choice == "cuda" else 0
         self._opts_mask = 0
-        if self.cuda_opts:
-            from .ops import opts_mask
+        if self.cuda_opts or self.ll128_max_tokens:
+            from .ops import OPTS, opts_mask
 
-            self._opts_mask = opts_mask(self.cuda_opts)
+            self._opts_mask = opts_mask(self.cuda_opts) | (OPTS["ll128"] if self.ll128_max_tokens else 0)
         self.reason += f"; {choice} kernel, {G} programs" + (
             f", LL protocol for T <= {self.ll_max_tokens}" if self.ll_max_tokens else ""
         )
+        if self.ll128_max_tokens:
+            self.reason += f", LL128 for T <= {self.ll128_max_tokens}"
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
         elem = torch.empty((), dtype=self.dtype).element_size()
-        ll128 = self.max_tokens if "ll128" in self.cuda_opts else 0
         self._layout = K.InboxLayout(
-            W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens, ll128_tokens=ll128
-        )
+            W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens,
+            ll128_tokens=self.ll128_max_tokens,
+        )  # fmt: skip
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
         self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
@@ -359,6 +386,7 @@ class OutputReducer:
                 ll_max_tokens=self.ll_max_tokens,
                 opts=self._opts_mask,
                 ll128_off=self._layout.ll128_off,
+                ll128_max_tokens=self.ll128_max_tokens,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -461,6 +489,7 @@ class OutputReducer:
                     self._buf.peer_addrs, self._err.kernel_arg(), self.rank, self.programs, self._hpu,
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
+                    self.ll128_max_tokens,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

@@ -50,8 +50,8 @@
 //   kOptLL128      calls with ll_max_tokens < T <= ll128_max_tokens run output_direct_ll128_kernel (below; flags
 //                  inside 128-byte lines, NCCL's LL128) instead of the plain kernel. Not with kOptTightGrid (the
 //                  LL128 reader of an LSE word may be another CTA than its writer, so every CTA must run in every
-//                  call). Set by the host by default since 2026-11-30 (session 5) for T <= 32, where it measured
-//                  faster than the plain kernel; LL, LL128 and plain calls interleave freely: each has its own
+//                  call). The host sets it for OutputReducer(ll128_max_tokens > 0) (off by default) or the
+//                  "ll128" option (every T). LL, LL128 and plain calls interleave freely: each has its own
 //                  region, all three advance every CTA's epoch, and the two-slot argument holds per region.
 //   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (below; the plain protocol
 //                  released per chunk of units by a signalling warp). Not with kOptLL128 or kOptEarlyLoad.
@@ -731,9 +731,9 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
 // vs 22.1; about 0.5 us faster at T = 32 in some runs. Tried without a gain: one line per thread per round,
 // kCU lines per round (kept), weak instead of volatile line stores (kept; no difference), split producer /
 // consumer warps (T = 128 17.4 us, left off), flag-only polling with __nanosleep back-off (slightly worse,
-// not kept). Session 5 (same run, with PDL): 6.48 us at T = 32 vs 7.21 for the plain kernel, 13.0 vs 12.8 at
-// T = 128, 25.5 vs 21.5 at T = 256; hence the host uses it for ll_max_tokens < T <= ll128_max_tokens (default
-// 32) and the plain kernel above. Not yet measured: a stage breakdown of this kernel (publish vs the link).
+// not kept). Session 5 (same run, with PDL): 6.55 us at T = 32 vs 7.13 for the plain kernel, but 6.38 vs 5.34
+// at T = 16, 9.5 vs 9.1 at T = 64, 26.0 vs 21.7 at T = 256: a gain in a narrow band only, so it stays off by
+// default (ll128_max_tokens selects a band). Not yet measured: a stage breakdown (publish vs the link).
 //
 // Layout at ll128_off, in 8-byte words: [2 slots][W src][ll128_max_tokens][rowW] with
 //   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),

@@ -15,15 +15,15 @@ pytestmark = pytest.mark.multigpu
 
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512)
-TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), LL128 (<= 32, default), plain
+TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), then plain (or LL128 up to 32 with cuda_ll128_32)
 
 
 def _pool(pools):
     return pools(GPU_WORLD, NCCL)
 
 
-# kernel variants: "cuda" (the default: LL protocol up to T = 8, LL128 up to 32, then plain; PDL),
-# "cuda_ll" (always LL), "cuda_plain" (never LL or LL128), "cuda_nopdl" (the default without PDL),
+# kernel variants: "cuda" (the default: LL protocol up to T = 8, then plain; PDL), "cuda_ll" (always LL),
+# "cuda_plain" (never LL or LL128), "cuda_nopdl" (the default without PDL), "cuda_ll128_32" (LL128 for 8 < T <= 32),
 # "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
 # ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
@@ -38,6 +38,7 @@ VARIANTS = {
     "cuda_chunked_only": ("cuda", 0),  # every T on the chunked kernel (no LL)
     "cuda_chunked_split": ("cuda", None),
     "cuda_nopdl": ("cuda", None),  # the kernel without PDL (the default until session 5)
+    "cuda_ll128_32": ("cuda", None),  # LL <= 8, LL128 <= 32, plain above (ran as the default in session 5 call 4)
     "triton": ("triton", None),
 }
 OPTS = {
@@ -48,7 +49,7 @@ OPTS = {
     "cuda_chunked_split": ("chunked", "split_roles"),
     "cuda_nopdl": (),
 }  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",))
-LL128 = {"cuda_plain": 0}  # ll128_max_tokens of a variant (absent: the default; "cuda_plain": the plain kernel)
+LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32}  # ll128_max_tokens of a variant (absent: the default, 0)
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
@@ -79,7 +80,7 @@ def _ok(res):
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 @pytest.mark.parametrize(
-    "kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "triton"]
+    "kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_ll128_32", "cuda_chunked", "triton"]
 )
 def test_direct_agrees_with_reference(pools, memory, kernel):
     """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2 (T up to 64);
@@ -127,12 +128,13 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 @pytest.mark.parametrize(
-    "kernel", ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "cuda_chunked_split", "triton"]
+    "kernel",
+    ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_ll128_32", "cuda_chunked", "cuda_chunked_split", "triton"],
 )
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
     """One graph = a T=128 call (plain / LL128 / chunked protocol), a T=24 call (the default's LL128 range) and a
     T=3 call (LL protocol for "cuda*")."""
-    replays = 10_000 if kernel in ("cuda", "cuda_nopdl", "cuda_ll128", "cuda_chunked", "cuda_chunked_split") else 2_000
+    replays = 10_000 if kernel not in ("cuda_plain", "triton") else 2_000
     cfg = _cfg("direct", memory, kernel)
     res = _run(_pool(pools), kernel, "graph_replays", cfg, replays, 128, 3, 5, 24, timeout=900)
     for r in res:

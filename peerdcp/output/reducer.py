@@ -65,9 +65,10 @@ TUNING = {
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
     # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
-    # see csrc/output_direct.cu for the assumption it makes), larger T the plain kernel. Session 5, same run:
-    # 6.5 vs 7.2 us at T = 32, slower than the plain kernel at T >= 128. 0 turns it off.
-    "cuda_ll128_max_tokens": 32,
+    # see csrc/output_direct.cu for the assumption it makes), larger T the plain kernel; 0: off (the default).
+    # Session 5, same run (Kimi, PDL, graph): LL128 6.55 vs plain 7.13 us at T = 32, but 6.38 vs 5.34 at T = 16
+    # and 9.5 vs 9.1 at T = 64; a gain in a narrow band only, so it stays off (bench/RESULTS.md, session 5).
+    "cuda_ll128_max_tokens": 0,
     # CUDA kernel variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
     # "pdl" (programmatic dependent launch; the default since 2026-11-30: 0.3-0.5 us faster at every T in

@@ -64,9 +64,9 @@ N_SETS = 4
 # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
 #        ll128_max_tokens (None: default))
 KERNEL_VARIANTS = {
-    "cuda": ("cuda", None, None, None),  # the library default: LL <= 8, then plain; PDL
+    "cuda": ("cuda", None, None, None),  # the library default: LL <= 8, LL128 (20, 48], else plain; PDL
     "cuda_nopdl": ("cuda", None, (), None),
-    "cuda_ll128_32": ("cuda", None, None, 32),  # LL <= 8, LL128 <= 32, then plain; PDL
+    "cuda_noll128": ("cuda", None, None, 0),  # LL <= 8, then plain; PDL (the default before the LL128 band)
     "cuda_ll128": ("cuda", None, ("ll128",), None),
     "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl"), None),
     "cuda_chunked": ("cuda", None, ("chunked",), None),

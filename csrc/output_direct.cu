@@ -50,9 +50,11 @@
 //   kOptLL128      calls with ll_max_tokens < T <= ll128_max_tokens run output_direct_ll128_kernel (below; flags
 //                  inside 128-byte lines, NCCL's LL128) instead of the plain kernel. Not with kOptTightGrid (the
 //                  LL128 reader of an LSE word may be another CTA than its writer, so every CTA must run in every
-//                  call). The host sets it for OutputReducer(ll128_max_tokens > 0) (off by default) or the
-//                  "ll128" option (every T). LL, LL128 and plain calls interleave freely: each has its own
-//                  region, all three advance every CTA's epoch, and the two-slot argument holds per region.
+//                  call). The host sets it per call: for T in the band (max(ll_max, ll128_min), ll128_max]
+//                  (default (20, 48], measured faster there) or, with the "ll128" option, every T > ll_max.
+//                  The C side only checks T <= ll128_max_tokens. LL, LL128 and plain calls interleave freely:
+//                  each has its own region, all three advance every CTA's epoch, and the two-slot argument
+//                  holds per region.
 //   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (below; the plain protocol
 //                  released per chunk of units by a signalling warp). Not with kOptLL128 or kOptEarlyLoad.
 //   kOptSplit      with kOptChunked only: separate publishing and combining warps in that kernel.
@@ -732,8 +734,8 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
 // kCU lines per round (kept), weak instead of volatile line stores (kept; no difference), split producer /
 // consumer warps (T = 128 17.4 us, left off), flag-only polling with __nanosleep back-off (slightly worse,
 // not kept). Session 5 (same run, with PDL): 6.55 us at T = 32 vs 7.13 for the plain kernel, but 6.38 vs 5.34
-// at T = 16, 9.5 vs 9.1 at T = 64, 26.0 vs 21.7 at T = 256: a gain in a narrow band only, so it stays off by
-// default (ll128_max_tokens selects a band). Not yet measured: a stage breakdown (publish vs the link).
+// at T = 16, 9.1 vs 9.2 at T = 64, 26.0 vs 21.7 at T = 256; a T scan put the gain at 24 <= T <= 48, so the
+// host uses it in the band (20, 48] by default. Not yet measured: a stage breakdown (publish vs the link).
 //
 // Layout at ll128_off, in 8-byte words: [2 slots][W src][ll128_max_tokens][rowW] with
 //   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),

@@ -15,15 +15,16 @@ pytestmark = pytest.mark.multigpu
 
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512)
-TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), then plain (or LL128 up to 32 with cuda_ll128_32)
+TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), LL128 (24, 32: the default band), plain
 
 
 def _pool(pools):
     return pools(GPU_WORLD, NCCL)
 
 
-# kernel variants: "cuda" (the default: LL protocol up to T = 8, then plain; PDL), "cuda_ll" (always LL),
-# "cuda_plain" (never LL or LL128), "cuda_nopdl" (the default without PDL), "cuda_ll128_32" (LL128 for 8 < T <= 32),
+# kernel variants: "cuda" (the default: LL protocol up to T = 8, LL128 for 20 < T <= 48, else plain; PDL),
+# "cuda_ll" (always LL), "cuda_plain" (never LL or LL128), "cuda_nopdl" (the default without PDL),
+# "cuda_ll128_32" (LL128 for 20 < T <= 32),
 # "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
 # ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
@@ -38,7 +39,7 @@ VARIANTS = {
     "cuda_chunked_only": ("cuda", 0),  # every T on the chunked kernel (no LL)
     "cuda_chunked_split": ("cuda", None),
     "cuda_nopdl": ("cuda", None),  # the kernel without PDL (the default until session 5)
-    "cuda_ll128_32": ("cuda", None),  # LL <= 8, LL128 <= 32, plain above (ran as the default in session 5 call 4)
+    "cuda_ll128_32": ("cuda", None),  # LL128 band (20, 32] instead of the default (20, 48]
     "triton": ("triton", None),
 }
 OPTS = {
@@ -49,7 +50,7 @@ OPTS = {
     "cuda_chunked_split": ("chunked", "split_roles"),
     "cuda_nopdl": (),
 }  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",))
-LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32}  # ll128_max_tokens of a variant (absent: the default, 0)
+LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32}  # ll128_max_tokens of a variant (absent: the default, 48)
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):

@@ -152,8 +152,13 @@ class DirectLauncher:
         opts: int = 0,
         ll128_off: int = 0,
         ll128_max_tokens: int = 0,
+        ll128_min_tokens: int = 0,
     ) -> None:
         self._lib = library()
+        # calls with T <= ll128_min_tokens run without the LL128 bit (the plain kernel): the LL128 band is
+        # (max(ll_max_tokens, ll128_min_tokens), ll128_max_tokens], decided per call from T alone (every rank)
+        self._opts, self._opts_small = opts, opts & ~OPTS["ll128"]
+        self._ll128_min = ll128_min_tokens
         self._device = ctypes.c_int(device)
         p = OutputDirectParams()
         for i, a in enumerate(peer_addrs):
@@ -181,7 +186,8 @@ class DirectLauncher:
         p.partial_lse = partial_lse.data_ptr()
         p.out = out.data_ptr()
         p.out_lse = out_lse.data_ptr() if out_lse is not None else None
-        p.T = partial_out.shape[0]
+        tokens = p.T = partial_out.shape[0]
+        p.opts = self._opts if tokens > self._ll128_min else self._opts_small
         stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
@@ -193,7 +199,7 @@ class DirectLauncher:
         """Benchmark only (see :func:`_set_breakdown_stages`): later launches (and captures) use ``stages``."""
         if isinstance(stages, bool) or not isinstance(stages, int) or stages & ~_STAGES_ALL:
             raise ValueError(f"stages must be an int mask of the STAGE_* bits (0..{_STAGES_ALL}), got {stages!r}")
-        if stages and self._p.opts & (OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"] | OPTS["chunked"]):
+        if stages and self._opts & (OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"] | OPTS["chunked"]):
             raise ValueError("the stage breakdown runs the default kernel: not with opts early_load/pdl/ll128/chunked")
         self._p.stages = stages
 
@@ -241,6 +247,7 @@ def output_direct(
     opts: int = 0,
     ll128_off: int = 0,
     ll128_max_tokens: int = 0,
+    ll128_min_tokens: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
@@ -267,6 +274,7 @@ def output_direct(
         opts=opts,
         ll128_off=ll128_off,
         ll128_max_tokens=ll128_max_tokens,
+        ll128_min_tokens=ll128_min_tokens,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -275,6 +283,6 @@ def output_direct(
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
-    ll128_off=0, ll128_max_tokens=0,
+    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0,
 ) -> None:  # fmt: skip
     return None

@@ -66,9 +66,11 @@ TUNING = {
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
     # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
     # see csrc/output_direct.cu for the assumption it makes), larger T the plain kernel; 0: off (the default).
-    # Session 5, same run (Kimi, PDL, graph): LL128 6.55 vs plain 7.13 us at T = 32, but 6.38 vs 5.34 at T = 16
-    # and 9.5 vs 9.1 at T = 64; a gain in a narrow band only, so it stays off (bench/RESULTS.md, session 5).
-    "cuda_ll128_max_tokens": 0,
+    # Session 5, T scan in one run (Kimi, PDL, graph, bench/RESULTS.md): LL128 is faster for 24 <= T <= 48
+    # (6.47 vs 6.72 us at 24, 6.56 vs 7.15 at 32, 7.56 vs 8.22 at 48), slower at T <= 20 (6.39 vs 5.39 at 16)
+    # and even at 64; hence the band (cuda_ll128_min_tokens, cuda_ll128_max_tokens].
+    "cuda_ll128_max_tokens": 48,
+    "cuda_ll128_min_tokens": 20,  # LL128 band only: calls with T <= this use LL / the plain kernel
     # CUDA kernel variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
     # "pdl" (programmatic dependent launch; the default since 2026-11-30: 0.3-0.5 us faster at every T in
@@ -107,10 +109,12 @@ class OutputReducer:
         ll_max_tokens: CUDA kernel only: calls with ``T <= ll_max_tokens`` use the LL protocol (each 8-byte
             word carries 4 data bytes and the call's flag: no fence, no flag round trip, twice the bytes).
             Default ``TUNING["cuda_ll_max_tokens"]``; 0 turns it off.
-        ll128_max_tokens: CUDA kernel only: calls with ``ll_max_tokens < T <= ll128_max_tokens`` use the LL128
-            protocol (flags inside 128-byte lines, as NCCL's LL128), larger T the plain protocol. Default
-            ``TUNING["cuda_ll128_max_tokens"]``; 0 turns it off; the ``"ll128"`` entry of
-            ``TUNING["cuda_opts"]`` makes it every T; off with ``"tight_grid"`` or ``"chunked"``.
+        ll128_max_tokens: CUDA kernel only: calls with ``lo < T <= ll128_max_tokens`` use the LL128 protocol
+            (flags inside 128-byte lines, as NCCL's LL128), ``lo = max(ll_max_tokens,
+            TUNING["cuda_ll128_min_tokens"])``; other T the LL or plain protocol. Default
+            ``TUNING["cuda_ll128_max_tokens"]`` (48, with lo 20); 0 turns it off; the ``"ll128"`` entry of
+            ``TUNING["cuda_opts"]`` makes it every T above ``ll_max_tokens``; off with ``"tight_grid"`` or
+            ``"chunked"``.
 
     Attributes: ``backend``, ``memory`` (None for collectives), ``kernel`` (direct only), ``reason``,
     ``rank``, ``world_size``, ``programs``.
@@ -204,20 +208,22 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128 = TUNING["cuda_ll128_max_tokens"] if ll128_max_tokens is None else ll128_max_tokens
+        l128_min = TUNING["cuda_ll128_min_tokens"]
         if "ll128" in cuda_opts:
-            l128 = max_tokens  # every T
+            l128, l128_min = max_tokens, 0  # every T above ll_max_tokens
         elif "tight_grid" in cuda_opts or "chunked" in cuda_opts:
             l128 = 0  # LL128 runs every CTA in every call: not with a tight grid; chunked replaces it
-        ints = (l128, max_tokens, ll, heads_per_rank, head_dim)
+        ints = (l128, l128_min, max_tokens, ll, heads_per_rank, head_dim)
         if all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
-            l128 = min(l128, max_tokens) if l128 > ll else 0  # 0: no call would use it
+            l128 = min(l128, max_tokens) if l128 > max(ll, l128_min) else 0  # 0: no call would use it
         else:
             l128 = 0  # (a bad argument is reported above)
+        l128_min = l128_min if l128 else 0
         if l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
             problems.append((ValueError, "LL128: ll128_max_tokens * heads too large (int32 lines); lower it"))
         geometry = (
             max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll, cuda_opts,
-            l128,
+            l128, l128_min,
         )  # fmt: skip
         gathered = all_gather_object(info, (problems and [m for _, m in problems], geometry))
         if problems:
@@ -228,7 +234,7 @@ class OutputReducer:
             raise ValueError("OutputReducer: invalid arguments on " + "; ".join(f"rank {r}: {p}" for r, p in others))
         names = (
             "max_tokens", "heads_per_rank", "head_dim", "dtype", "backend", "memory", "lse_base", "kernel", "programs",
-            "ll_max_tokens", "TUNING['cuda_opts']", "ll128_max_tokens",
+            "ll_max_tokens", "TUNING['cuda_opts']", "ll128_max_tokens", "TUNING['cuda_ll128_min_tokens']",
         )  # fmt: skip
         diff = [n for i, n in enumerate(names) if len({g[1][i] for g in gathered}) != 1]
         if diff:
@@ -262,12 +268,18 @@ class OutputReducer:
                 self.reason = f"direct over {kind} memory" + (f" ({why})" if why else "")
         self.cuda_opts: tuple[str, ...] = ()
         if self.backend == "direct":
-            self._setup_direct(kernel, programs, ll, cuda_opts, l128)
+            self._setup_direct(kernel, programs, ll, cuda_opts, l128, l128_min)
         self._closed = False
 
     # ------------------------------------------------------------------------------------ setup
     def _setup_direct(
-        self, kernel: str, programs: int | None, ll_max_tokens: int, cuda_opts: tuple = (), ll128_max_tokens: int = 0
+        self,
+        kernel: str,
+        programs: int | None,
+        ll_max_tokens: int,
+        cuda_opts: tuple = (),
+        ll128_max_tokens: int = 0,
+        ll128_min_tokens: int = 0,
     ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
@@ -337,6 +349,7 @@ class OutputReducer:
         self.ll_max_tokens = min(ll_max_tokens, self.max_tokens) if choice == "cuda" else 0
         self.cuda_opts = cuda_opts if choice == "cuda" else ()
         self.ll128_max_tokens = ll128_max_tokens if choice == "cuda" else 0
+        self._ll128_min = ll128_min_tokens if self.ll128_max_tokens else 0
         self._opts_mask = 0
         if self.cuda_opts or self.ll128_max_tokens:
             from .ops import OPTS, opts_mask
@@ -346,7 +359,8 @@ class OutputReducer:
             f", LL protocol for T <= {self.ll_max_tokens}" if self.ll_max_tokens else ""
         )
         if self.ll128_max_tokens:
-            self.reason += f", LL128 for T <= {self.ll128_max_tokens}"
+            lo = max(self.ll_max_tokens, self._ll128_min)
+            self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
@@ -388,6 +402,7 @@ class OutputReducer:
                 opts=self._opts_mask,
                 ll128_off=self._layout.ll128_off,
                 ll128_max_tokens=self.ll128_max_tokens,
+                ll128_min_tokens=self._ll128_min,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -490,7 +505,7 @@ class OutputReducer:
                     self._buf.peer_addrs, self._err.kernel_arg(), self.rank, self.programs, self._hpu,
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
-                    self.ll128_max_tokens,
+                    self.ll128_max_tokens, self._ll128_min,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

@@ -57,6 +57,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
                     dict(backend="direct", memory=memory, impl=impl, exchange="raw", zerocopy=True),
                 )
             )
+    v.append(("direct-cuda-auto-vmm-nopdl", dict(backend="direct", memory="vmm", impl="cuda", nopdl=True)))
     if quick:
         keep = {
             "direct-cuda-auto-vmm",
@@ -90,6 +91,7 @@ def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     from peerdcp.query import QueryGather
+    from peerdcp.query import gather as G
     from peerdcp.query.gather import _all_gather_into
     from peerdcp.query.rope import cos_sin_cache
 
@@ -106,9 +108,13 @@ def rank_main(cfg: dict) -> list[dict]:
                 if cfg.get("variants") and name not in cfg["variants"] and name != "allgather-fused":
                     continue
                 kw = dict(kw)
-                flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only") if k in kw}
+                flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only", "nopdl") if k in kw}
                 t0 = time.time()
+                saved = G.TUNING["cuda_pdl_max_tokens"]
+                if flags.get("nopdl"):
+                    G.TUNING["cuda_pdl_max_tokens"] = 0  # read at construction
                 objs[name] = (QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw), flags)
+                G.TUNING["cuda_pdl_max_tokens"] = saved
                 if me == 0 and cfg["verbose"]:
                     print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
             for T in cfg["tokens"]:

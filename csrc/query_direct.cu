@@ -13,6 +13,15 @@
 //   -> __syncthreads -> every thread loads the peers' rows straight from peer memory (ld.global.cg)
 //   -> (EXPOSED) __syncthreads -> st.release.sys ack[p][rank] into each peer.
 //
+// PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it for T <= 32 by default, where it
+// measured faster - it measured slower at T >= 64, session 5): the launch
+// carries cudaLaunchAttributeProgrammaticStreamSerialization, and every block first executes
+// griddepcontrol.wait - it returns once the preceding grid has completed and its memory is visible, the
+// same guarantee as stream order, before any load or store here, so the slot/ack argument is unchanged -
+// then griddepcontrol.launch_dependents, so the next PDL launch is staged while this one runs (its blocks
+// start only after all of this grid's blocks issued the trigger, i.e. are resident: no block of this grid
+// waits for a block that cannot be scheduled). Without the attribute both instructions are no-ops.
+//
 // Rounding: every product and sum is a separate IEEE fp32 operation (__fmul_rn / __fadd_rn / __fsub_rn
 // are never contracted into FMA), in the reference order; FP8 is cvt.rn.satfinite (RNE, +-448), bf16
 // is RNE. So the bytes equal the Triton kernels' (launched with enable_fp_fusion=False) and torch's.
@@ -31,6 +40,7 @@ constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
 constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kSlotZ = 2;
+constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
 
 struct Peers {
   uint64_t base[kMaxW];
@@ -354,6 +364,8 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
   const int p = blockIdx.x, tid = threadIdx.x, W = a.W, H = a.H;
   const int D = a.NOPE + a.ROPE;
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // PDL: the previous grid is complete and visible
+  asm volatile("griddepcontrol.launch_dependents;" :::);
   if (tid == 0) {
     const int64_t e = a.epochs[p] + 1;  // only block p touches epochs[p]
     a.epochs[p] = e;
@@ -474,21 +486,28 @@ __global__ void query_wait_acks_kernel(const Params a) {
   wait_flag(flags_of(a, a.rank) + 2 * (int64_t)a.nprog * a.W + (int64_t)p * a.W + tid, ez, a, tid);
 }
 
+cudaError_t launch_one(void (*kernel)(const Params), const Params& a, bool pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(a.nprog);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 template <int MODE>
-cudaError_t launch_mode(const Params& a, bool neox, bool fp8, cudaStream_t stream) {
-  const dim3 grid(a.nprog), block(kThreads);
+cudaError_t launch_mode(const Params& a, bool neox, bool fp8, bool pdl, cudaStream_t stream) {
   if (neox) {
-    if (fp8)
-      query_direct_kernel<MODE, true, true><<<grid, block, 0, stream>>>(a);
-    else
-      query_direct_kernel<MODE, true, false><<<grid, block, 0, stream>>>(a);
-  } else {
-    if (fp8)
-      query_direct_kernel<MODE, false, true><<<grid, block, 0, stream>>>(a);
-    else
-      query_direct_kernel<MODE, false, false><<<grid, block, 0, stream>>>(a);
+    return launch_one(fp8 ? query_direct_kernel<MODE, true, true> : query_direct_kernel<MODE, true, false>, a, pdl,
+                      stream);
   }
-  return cudaGetLastError();
+  return launch_one(fp8 ? query_direct_kernel<MODE, false, true> : query_direct_kernel<MODE, false, false>, a, pdl,
+                    stream);
 }
 
 }  // namespace
@@ -515,13 +534,14 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.nprog = nprog, a.mech = mech;
   a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
   if (T <= 0) return (int)cudaSuccess;
-  switch (mode) {
+  const bool pdl = (mode & kModePdl) != 0;
+  switch (mode & ~kModePdl) {
     case kRaw:
-      return (int)launch_mode<kRaw>(a, neox != 0, fp8 != 0, stream);
+      return (int)launch_mode<kRaw>(a, neox != 0, fp8 != 0, pdl, stream);
     case kRoped:
-      return (int)launch_mode<kRoped>(a, neox != 0, fp8 != 0, stream);
+      return (int)launch_mode<kRoped>(a, neox != 0, fp8 != 0, pdl, stream);
     case kExposed:
-      return (int)launch_mode<kExposed>(a, neox != 0, fp8 != 0, stream);
+      return (int)launch_mode<kExposed>(a, neox != 0, fp8 != 0, pdl, stream);
     default:
       return (int)cudaErrorInvalidValue;
   }

@@ -51,6 +51,12 @@ OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 AUTO_RAW_MAX_TOKENS = 8
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
+# read at construction: calls with T <= "cuda_pdl_max_tokens" launch the CUDA direct kernel with
+# programmatic dependent launch (the next call's launch overlaps this one's tail; csrc/query_direct.cu says
+# why the protocol is unchanged); 0 turns it off. Measured on 2 x H200 (bench.query, 32 heads/rank, FP8,
+# graph, same run, 2026-11-30 session 5): with / without PDL 5.54 / 5.90 us at T = 1, 8.03 / 8.05 at 8,
+# 9.40 / 9.89 at 32, but 12.31 / 11.35 at 64, 17.76 / 15.49 at 128, 28.74 / 27.27 at 256 (cause not measured).
+TUNING = {"cuda_pdl_max_tokens": 32}
 
 
 class QueryGather:
@@ -202,6 +208,9 @@ class QueryGather:
         self.backend = chosen
         self.memory = kind if chosen == "direct" else None
         self.impl = self._choose_impl(impl, reasons)
+        self._pdl_max = int(TUNING["cuda_pdl_max_tokens"]) if self.impl == "cuda" else 0
+        if self._pdl_max:
+            reasons.append(f"PDL launch for T <= {self._pdl_max}")
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange
@@ -558,6 +567,8 @@ class QueryGather:
         if self.impl == "cuda":
             from . import ops
 
+            pdl = K.MODE_PDL if self._pdl_max >= T else 0  # PDL for T <= cuda_pdl_max_tokens (local to a rank)
+
             ops.query_direct(
                 q_nope,
                 q_pe,
@@ -581,7 +592,7 @@ class QueryGather:
                 self._data_off,
                 self._slot_bytes,
                 self.num_programs,
-                mode,
+                mode | pdl,
                 self.rope_style == "neox",
                 self._mech,
             )

@@ -81,6 +81,7 @@ __all__ = [
 MODE_RAW = 0
 MODE_ROPED = 1
 MODE_EXPOSED = 2
+MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)
 _RAW = tl.constexpr(MODE_RAW)

@@ -55,6 +55,21 @@ def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
     assert all(r.get("error", "").startswith("ValueError") and "'chunked' only" in r["error"] for r in res), res
 
 
+def test_ll128_band():
+    band = R.ll128_band
+    assert (R.TUNING["cuda_ll128_min_tokens"], R.TUNING["cuda_ll128_max_tokens"]) == (20, 48)  # the default
+    assert band(None, ("pdl",), 256, 8, 16, 512) == (48, 20)
+    assert band(None, ("pdl",), 32, 8, 16, 512) == (32, 20)  # capped at max_tokens
+    assert band(None, ("pdl",), 16, 8, 16, 512) == (0, 0)  # max_tokens inside the LL128 floor: never used
+    assert band(0, ("pdl",), 256, 8, 16, 512) == (0, 0)  # off
+    assert band(64, (), 256, 64, 16, 512) == (0, 0)  # at or below the LL range
+    assert band(None, ("ll128",), 256, 8, 16, 512) == (256, 0)  # every T above the LL range
+    assert band(None, ("ll128", "pdl"), 256, 256, 16, 512) == (0, 0)  # LL at every T
+    assert band(None, ("tight_grid",), 256, 8, 16, 512) == (0, 0)
+    assert band(None, ("chunked",), 256, 8, 16, 512) == (0, 0)
+    assert band("48", (), 256, 8, 16, 512) == (0, 0) and band(None, (), 256, 8, "16", 512) == (0, 0)
+
+
 def test_ll128_max_tokens_validated_on_every_rank(pools):
     for bad, exc in ((-1, "ValueError"), ("8", "TypeError"), (True, "TypeError")):
         res = pools(2).run(fns.construct_with_opts, dict(HOST, ll128_max_tokens=bad), ("pdl",))
@@ -107,6 +122,24 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["pdl"]) == invalid
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["early_load"]) == invalid
     p.stages, p.opts = 0, 2
+
+
+@needs_nvcc
+def test_ll128_bit_chosen_per_call_from_T():
+    """The launcher sets the LL128 bit for T above ll128_min_tokens only (the C side then takes LL128 for
+    T <= ll128_max_tokens). Checked on the parameter block; the launch itself fails here (no GPU) after it."""
+    pdl, ll128 = ops.OPTS["pdl"], ops.OPTS["ll128"]
+    launcher = ops.DirectLauncher(
+        peer_addrs=[0x1000, 0x2000], epochs=torch.zeros(4, dtype=torch.int64), err_addr=0, rank=0, heads=16,
+        head_dim=512, max_tokens=64, programs=4, heads_per_unit=4, lse_off=256, payload_off=512, timeout_ns=10**9,
+        base2=False, dtype=torch.bfloat16, mech=1, device=0, ll_max_tokens=8, opts=pdl | ll128, ll128_off=1024,
+        ll128_max_tokens=48, ll128_min_tokens=20,
+    )  # fmt: skip
+    for T, want in ((1, pdl), (20, pdl), (21, pdl | ll128), (48, pdl | ll128), (64, pdl | ll128)):
+        x = torch.zeros(T, 32, 512, dtype=torch.bfloat16)
+        with pytest.raises((AssertionError, ValueError, RuntimeError)):  # CPU tensors: no CUDA stream
+            launcher(x, torch.zeros(T, 32), torch.zeros(T, 16, 512, dtype=torch.bfloat16), None)
+        assert (launcher._p.T, launcher._p.opts) == (T, want)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -89,6 +89,29 @@ _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def ll128_band(
+    ll128_max_tokens, cuda_opts: tuple, max_tokens, ll_max_tokens, heads_per_rank, head_dim
+) -> tuple[int, int]:
+    """(max, min) of the CUDA kernel's LL128 band: calls with ``max(ll_max_tokens, min) < T <= max`` use LL128.
+    (0, 0) when no call would: LL128 off, a band at or below the LL range, ``tight_grid`` (LL128 runs every
+    CTA in every call) or ``chunked`` (which replaces it); the ``"ll128"`` option makes it every T above the LL
+    range. Arguments as given to OutputReducer (possibly invalid: then (0, 0); they are reported elsewhere)."""
+    hi = TUNING["cuda_ll128_max_tokens"] if ll128_max_tokens is None else ll128_max_tokens
+    lo = TUNING["cuda_ll128_min_tokens"]
+    if "ll128" in cuda_opts:
+        hi, lo = max_tokens, 0
+    elif "tight_grid" in cuda_opts or "chunked" in cuda_opts:
+        hi = 0
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hi, lo, max_tokens, ll_max_tokens)):
+        return 0, 0
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (heads_per_rank, head_dim)):
+        return 0, 0
+    hi = min(hi, max_tokens)
+    if hi <= max(ll_max_tokens, lo):  # the band is empty
+        return 0, 0
+    return hi, lo
+
+
 class OutputReducer:
     """LSE-weighted reduce of DCP partial attention outputs to each rank's own heads.
 
@@ -207,19 +230,8 @@ class OutputReducer:
                 problems.append((ValueError, f"TUNING['cuda_opts']: {a!r} and {b!r} exclude each other"))
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
-        l128 = TUNING["cuda_ll128_max_tokens"] if ll128_max_tokens is None else ll128_max_tokens
-        l128_min = TUNING["cuda_ll128_min_tokens"]
-        if "ll128" in cuda_opts:
-            l128, l128_min = max_tokens, 0  # every T above ll_max_tokens
-        elif "tight_grid" in cuda_opts or "chunked" in cuda_opts:
-            l128 = 0  # LL128 runs every CTA in every call: not with a tight grid; chunked replaces it
-        ints = (l128, l128_min, max_tokens, ll, heads_per_rank, head_dim)
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
-            l128 = min(l128, max_tokens) if l128 > max(ll, l128_min) else 0  # 0: no call would use it
-        else:
-            l128 = 0  # (a bad argument is reported above)
-        l128_min = l128_min if l128 else 0
-        if l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
+        l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
+        if l128 and l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
             problems.append((ValueError, "LL128: ll128_max_tokens * heads too large (int32 lines); lower it"))
         geometry = (
             max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll, cuda_opts,

@@ -7,8 +7,9 @@ The method every peerdcp benchmark follows:
 2. On each rank, :func:`time_op` times ``step(i)`` (``i`` = call index; pick input set ``i % n_sets`` so
    inputs rotate): ``calls`` back-to-back calls are captured in one CUDA graph (or run eagerly), each
    replay is preceded by a device-side barrier (a 1-element NCCL all-reduce on the stream, so every
-   GPU starts the replay at the same moment) and bracketed by CUDA events. Result: this rank's
-   microseconds per call, one value per replay.
+   GPU starts the replay at the same moment) and a GPU sleep of ``--lead-us`` (so the host has enqueued the
+   replay before its start event runs), and bracketed by CUDA events. Result: this rank's microseconds per
+   call, one value per replay.
 3. :func:`slowest_rank` all-gathers those lists, takes the **max over ranks per replay** (a collective
    is as slow as its slowest rank), then the median (and p20/p80) over replays.
 4. Rank 0 collects rows (dicts), prints :func:`format_table` last, and writes :func:`write_json` and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -336,28 +337,21 @@ def with_cuda_opts(cuda_opts, fn_name: str, *args):
     None: the library default)."""
     from peerdcp.output import reducer as R
 
-    saved = R.TUNING["cuda_opts"]
-    if cuda_opts is not None:
-        R.TUNING["cuda_opts"] = cuda_opts
-    try:
+    with mock.patch.dict(R.TUNING, {} if cuda_opts is None else {"cuda_opts": cuda_opts}):
         return globals()[fn_name](*args)
-    finally:
-        R.TUNING["cuda_opts"] = saved
 
 
 def construct_with_opts(config: dict, cuda_opts) -> dict:
     """Construct under ``TUNING["cuda_opts"] = cuda_opts``: the error ('Type: message') or the attributes."""
-    from peerdcp.output import reducer as R
+    return with_cuda_opts(cuda_opts, "_construct", config)
 
-    saved = R.TUNING["cuda_opts"]
-    R.TUNING["cuda_opts"] = cuda_opts
+
+def _construct(config: dict) -> dict:
     try:
         with peerdcp.OutputReducer(None, **config) as red:
             return {"kernel": red.kernel, "cuda_opts": red.cuda_opts, "reason": red.reason}
     except (TypeError, ValueError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    finally:
-        R.TUNING["cuda_opts"] = saved
 
 
 def breakdown_then_full(config: dict, T: int, seed: int) -> dict:

@@ -36,11 +36,11 @@ minus full, negative = faster).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -166,18 +166,11 @@ class SglAgRs:
 
 
 # ------------------------------------------------------------------------------------------ ranks
-@contextlib.contextmanager
 def _cuda_opts(opts: tuple | None):
     """Reducers built inside read ``TUNING["cuda_opts"] = opts`` (restored after; None: the default)."""
     from peerdcp.output import reducer as R
 
-    saved = R.TUNING["cuda_opts"]
-    if opts is not None:
-        R.TUNING["cuda_opts"] = opts
-    try:
-        yield
-    finally:
-        R.TUNING["cuda_opts"] = saved
+    return mock.patch.dict(R.TUNING, {} if opts is None else {"cuda_opts": opts})
 
 
 def _inputs(seed: int, W: int, T: int, H: int, dtype=torch.bfloat16):

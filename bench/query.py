@@ -7,7 +7,7 @@ One process per GPU (W = 2 by default), widened query of nope 512 + rope 64 with
 table. Variants (each checked byte-for-byte against allgather-fused on the same inputs before it is timed):
 
 * ``direct-<impl>-<exchange>-<memory>``: QueryGather(backend="direct"), impl cuda | triton, exchange
-  auto | raw | roped, memory vmm | symm;
+  auto | raw | roped | push, memory vmm | symm;
 * ``direct-<impl>-zerocopy-<memory>``: exposed_shard (its ack wait) + gather_exposed;
 * ``allgather-fused``: pack + NCCL all-gather of the bf16 shards + one fused Triton RoPE/convert kernel;
 * ``allgather-torch``: the same all-gather + the plain-torch reference ops;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import torch
 
@@ -47,7 +48,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v: list[tuple[str, dict]] = []
     for memory in ("vmm", "symm"):
         for impl in ("cuda", "triton"):
-            for ex in ("auto", "raw", "roped"):
+            for ex in ("auto", "raw", "roped", "push"):
                 v.append(
                     (f"direct-{impl}-{ex}-{memory}", dict(backend="direct", memory=memory, impl=impl, exchange=ex))
                 )
@@ -63,6 +64,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
             "direct-cuda-auto-vmm",
             "direct-cuda-raw-vmm",
             "direct-cuda-roped-vmm",
+            "direct-cuda-push-vmm",
             "direct-triton-auto-vmm",
             "direct-cuda-auto-symm",
             "direct-cuda-zerocopy-vmm",
@@ -110,18 +112,17 @@ def rank_main(cfg: dict) -> list[dict]:
                 kw = dict(kw)
                 flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only", "nopdl") if k in kw}
                 t0 = time.time()
-                saved = G.TUNING["cuda_pdl_max_tokens"]
-                if flags.get("nopdl"):
-                    G.TUNING["cuda_pdl_max_tokens"] = 0  # read at construction
-                objs[name] = (QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw), flags)
-                G.TUNING["cuda_pdl_max_tokens"] = saved
+                # nopdl: TUNING is read at construction
+                with mock.patch.dict(G.TUNING, {"cuda_pdl_max_tokens": 0} if flags.get("nopdl") else {}):
+                    qg = QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw)
+                objs[name] = (qg, flags)
                 if me == 0 and cfg["verbose"]:
                     print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
             for T in cfg["tokens"]:
                 warm_gpu()  # every T starts at working clocks (the first T used to be timed cold)
                 g = torch.Generator(device=dev).manual_seed(1000 * me + T)
                 # positions are the same on every rank (DCP: every rank decodes the same tokens); the
-                # "roped" exchange rotates each row with its producer's positions, so per-rank positions
+                # "roped" and "push" exchanges rotate each row with its producer's positions, so per-rank positions
                 # would make it differ from allgather for a reason that cannot happen in serving.
                 gp = torch.Generator(device=dev).manual_seed(7919 + T)
                 sets = [

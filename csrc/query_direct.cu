@@ -6,11 +6,13 @@
 // local memory picks the parity slot, so back-to-back calls and graph replays need no host sync.
 //
 //   publish (RAW: copy own bf16 shard into own slot e%2; ROPED: rotate+convert own rows into own slot
-//            and into out; EXPOSED: nothing, the caller already wrote slot Z)
+//            and into out; PUSH: rotate+convert own rows into out and store them into our region of
+//            every peer's slot e%2; EXPOSED: nothing, the caller already wrote slot Z)
 //   -> __syncthreads -> fence.acq_rel.sys + st.release.sys of ready[e%2][p][rank] in every peer
 //   -> own rows (RAW / EXPOSED) while the flags fly
 //   -> one thread per peer polls its local ready flag (ld.acquire.sys, %globaltimer deadline)
-//   -> __syncthreads -> every thread loads the peers' rows straight from peer memory (ld.global.cg)
+//   -> __syncthreads -> every thread loads the peers' rows straight from peer memory (ld.global.cg;
+//      PUSH: copies the rows the peers stored into its own slot, local loads)
 //   -> (EXPOSED) __syncthreads -> st.release.sys ack[p][rank] into each peer.
 //
 // PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it for T <= 32 by default, where it
@@ -39,7 +41,10 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
-constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kSlotZ = 2;
+constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kSlotZ = 2;
+// Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
+// peer's slot (PUSH).
+constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2;
 constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
 
 struct Peers {
@@ -105,6 +110,10 @@ __device__ __forceinline__ int64_t* flags_of(const Params& a, int r) {
 }
 __device__ __forceinline__ char* slot_of(const Params& a, int r, int slot) {
   return reinterpret_cast<char*>(a.peers.base[r]) + a.data_off + (int64_t)slot * a.slot_bytes;
+}
+// PUSH slot: source s's finished rows [max_tokens, H, D] (out dtype) start at s * push_region(a, osize).
+__device__ __forceinline__ int64_t push_region(const Params& a, int osize) {
+  return a.max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE) * osize;
 }
 
 __device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
@@ -221,33 +230,43 @@ __device__ __forceinline__ void load_item(Item& it, const Params& a, const Sourc
   }
 }
 
-// Store 8 converted values into one or two rows (the ROPED publish writes the output and its slot).
-template <bool FP8>
-__device__ __forceinline__ void store8x(void* d1, void* d2, int64_t off, const float f[8], float scale) {
-  if constexpr (FP8) {
-    const uint2 v = to_fp8x8(f, scale);
-    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(d1) + off) = v;
-    if (d2 != nullptr) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(d2) + off) = v;
-  } else {
-    const uint4 v = to_bf16x8(f);
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(d1) + off) = v;
-    if (d2 != nullptr) *reinterpret_cast<uint4*>(static_cast<uint16_t*>(d2) + off) = v;
+// Store one converted vector at byte `off` of output row `d1`, and (PUB) of the same unit's row in our own
+// slot or in our region of every peer's slot (`row_off`: the unit's row offset in bytes there).
+template <int PUB, typename V>
+__device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, int slot, int64_t off, const V& v) {
+  *reinterpret_cast<V*>(static_cast<char*>(d1) + off) = v;
+  if constexpr (PUB == kPubOwn) *reinterpret_cast<V*>(slot_of(a, a.rank, slot) + row_off + off) = v;
+  if constexpr (PUB == kPubPeers) {
+    constexpr int osize = sizeof(V) == 8 ? 1 : 2;  // a uint2 holds 8 FP8 codes, a uint4 8 bf16 values
+    const int64_t mine = (int64_t)a.rank * push_region(a, osize) + row_off + off;
+    for (int i = 1; i < a.W; ++i) *reinterpret_cast<V*>(slot_of(a, (a.rank + i) % a.W, slot) + mine) = v;
   }
 }
 
-// Rotate / convert a loaded item and store it into row `dst_row` (and `dst_row2` when not null).
-template <bool NEOX, bool FP8>
+// Convert 8 values and store them at element `off` of the row(s) (FP8: a uint2, bf16: a uint4).
+template <bool FP8, int PUB>
+__device__ __forceinline__ void store8x(const Params& a, void* d1, int64_t row_off, int slot, int64_t off,
+                                        const float f[8]) {
+  if constexpr (FP8) {
+    put<PUB>(a, d1, row_off, slot, off, to_fp8x8(f, a.quant_scale));
+  } else {
+    put<PUB>(a, d1, row_off, slot, 2 * off, to_bf16x8(f));
+  }
+}
+
+// Rotate / convert a loaded item and store it into row `dst_row` (and, PUB, the publish rows; `row_off`
+// and `slot` locate them, see put()).
+template <bool NEOX, bool FP8, int PUB>
 __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const CosSin& cs, void* dst_row,
-                                          void* dst_row2) {
+                                          int64_t row_off, int slot) {
   const int nv = a.NOPE / 8;
   if (it.j < nv) {
     if constexpr (FP8) {
       float f[8];
       bf16x8(it.a, f);
-      store8x<true>(dst_row, dst_row2, (int64_t)it.j * 8, f, a.quant_scale);
+      store8x<true, PUB>(a, dst_row, row_off, slot, (int64_t)it.j * 8, f);
     } else {
-      *(reinterpret_cast<uint4*>(dst_row) + it.j) = it.a;  // bf16 nope passes through
-      if (dst_row2 != nullptr) *(reinterpret_cast<uint4*>(dst_row2) + it.j) = it.a;
+      put<PUB>(a, dst_row, row_off, slot, 16 * (int64_t)it.j, it.a);  // bf16 nope passes through
     }
     return;
   }
@@ -266,7 +285,7 @@ __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const
       y[2 * i] = rot0(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
       y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
     }
-    store8x<FP8>(dst_row, dst_row2, a.NOPE + 8 * c, y, a.quant_scale);
+    store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + 8 * c, y);
   } else {
     // elements 8c .. 8c+7 (x0) pair with half + 8c .. (x1): i = 8c .. 8c+7
     float x0[8], x1[8], y0[8], y1[8];
@@ -278,8 +297,8 @@ __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const
       y0[i] = rot0(x0[i], x1[i], cv, sv);
       y1[i] = rot1(x0[i], x1[i], cv, sv);
     }
-    store8x<FP8>(dst_row, dst_row2, a.NOPE + 8 * c, y0, a.quant_scale);
-    store8x<FP8>(dst_row, dst_row2, a.NOPE + half + 8 * c, y1, a.quant_scale);
+    store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + 8 * c, y0);
+    store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + half + 8 * c, y1);
   }
 }
 
@@ -287,10 +306,10 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
   return static_cast<char*>(a.out) + ((int64_t)t * a.HOUT + widened_head) * (int64_t)(a.NOPE + a.ROPE) * osize;
 }
 
-// Rotate/convert units [u0, u1) of every source into the output (and, ROPED publish, into `slot_rows`).
-template <bool NEOX, bool FP8, bool CG>
-__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src,
-                              char* slot_rows) {
+// Rotate/convert units [u0, u1) of every source into the output (and, PUB, into the publish rows of
+// slot `slot`: ROPED our own slot, PUSH our region of every peer's slot).
+template <bool NEOX, bool FP8, bool CG, int PUB>
+__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, int slot) {
   constexpr int osize = FP8 ? 1 : 2;
   const int D = a.NOPE + a.ROPE;
   const int n = src.count * (u1 - u0) * items_per_unit<NEOX>(a);
@@ -305,14 +324,15 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       if (it[k].j < 0) continue;
-      void* row2 = slot_rows != nullptr ? slot_rows + ((int64_t)it[k].t * a.H + it[k].h) * D * osize : nullptr;
-      emit_item<NEOX, FP8>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row2);
+      const int64_t row_off = ((int64_t)it[k].t * a.H + it[k].h) * D * osize;
+      emit_item<NEOX, FP8, PUB>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row_off, slot);
     }
   }
 }
 
-// ROPED consume: copy the finished rows (D * osize bytes, unit-major) of units [u0, u1) from every peer's
-// slot into the output at widened heads s*H + h.
+// ROPED / PUSH consume: copy the finished rows (D * osize bytes, unit-major) of units [u0, u1) of every
+// peer s into the output at widened heads s*H + h - ROPED from s's slot, PUSH from s's region of our slot.
+template <bool PUSH>
 __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* ok, int osize) {
   const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
   const int vec = (int)(row_bytes / 16);
@@ -330,7 +350,7 @@ __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* 
       if (!valid[k]) continue;
       const int rem = idx % per_src;
       const int u = u0 + rem / vec, j = rem % vec, t = u / a.H, h = u % a.H;
-      const char* src = slot_of(a, s, slot);
+      const char* src = PUSH ? slot_of(a, a.rank, slot) + s * push_region(a, osize) : slot_of(a, s, slot);
       v[k] = ld_cg(reinterpret_cast<const uint4*>(src + ((int64_t)t * a.H + h) * row_bytes) + j);
       dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 16 * (int64_t)j;
     }
@@ -437,7 +457,12 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     }
   } else if constexpr (MODE == kRoped) {
     const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false>(a, cs, u0, u1, own, my_slot);
+    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, slot);
+  } else if constexpr (MODE == kPush) {
+    // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
+    // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot);
   }
   __syncthreads();  // every thread's publish stores precede the release below
   if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier
@@ -446,12 +471,12 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   // ---- own rows while the flags fly
   if constexpr (MODE == kRaw) {
     const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false>(a, cs, u0, u1, own, nullptr);
+    compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, slot);
   } else if constexpr (MODE == kExposed) {
     const Sources own{reinterpret_cast<const uint16_t*>(my_slot),
                       reinterpret_cast<const uint16_t*>(my_slot + pe_region_bytes),
                       (int64_t)H * a.NOPE, a.NOPE, (int64_t)H * a.ROPE, a.ROPE, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false>(a, cs, u0, u1, own, nullptr);
+    compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, slot);
   }
 
   // ---- wait: one thread per peer polls its flag (all peers at once)
@@ -464,11 +489,11 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
 
   // ---- consume every peer's rows straight from its slot (one pass over all peers: their loads overlap)
   if (W > 1) {
-    if constexpr (MODE == kRoped) {
-      copy_rows(a, u0, u1, slot, ok_sh, osize);
+    if constexpr (MODE == kRoped || MODE == kPush) {
+      copy_rows<MODE == kPush>(a, u0, u1, slot, ok_sh, osize);
     } else {
       const Sources peers{nullptr, nullptr, 0, 0, 0, 0, -1, W - 1, slot, ok_sh};
-      compute_units<NEOX, FP8, true>(a, cs, u0, u1, peers, nullptr);
+      compute_units<NEOX, FP8, true, kPubNone>(a, cs, u0, u1, peers, slot);
     }
   }
   if constexpr (MODE == kExposed) {
@@ -542,6 +567,8 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
       return (int)launch_mode<kRoped>(a, neox != 0, fp8 != 0, pdl, stream);
     case kExposed:
       return (int)launch_mode<kExposed>(a, neox != 0, fp8 != 0, pdl, stream);
+    case kPush:
+      return (int)launch_mode<kPush>(a, neox != 0, fp8 != 0, pdl, stream);
     default:
       return (int)cudaErrorInvalidValue;
   }

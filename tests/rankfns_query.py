@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -15,6 +16,8 @@ import triton.language as tl
 
 from peerdcp.errors import PeerSetupError, PeerTimeoutError
 from peerdcp.query import QueryGather, widened_query
+from peerdcp.query import gather as gather_mod
+from peerdcp.query import kernels as K
 from peerdcp.query.kernels import _f32_to_bf16_bits, _f32_to_e4m3_bits
 from peerdcp.query.rope import cos_sin_cache, plain_cos_sin_cache
 
@@ -191,7 +194,7 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
 def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto", impls=("triton",)) -> list:
     """For each case, run every path on the same inputs; return per-path comparisons.
 
-    Paths: direct raw / roped / exposed (zero-copy) for each direct impl, allgather fused (triton) and
+    Paths: direct raw / roped / push / exposed (zero-copy) for each direct impl, allgather fused (triton) and
     allgather torch. Each is compared bitwise with the fp32 reference and bounded by the fp64 one.
     """
     dev = _dev()
@@ -201,7 +204,7 @@ def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto
         me, out_dtype = dist.get_rank(), case["out"]
         outs = {}
         for impl in impls:
-            for ex in ("raw", "roped"):
+            for ex in ("raw", "roped", "push"):
                 with QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, **common) as qg:
                     out = poisoned(qg, Tc)
                     outs[f"direct-{impl}-{ex}"] = qg.gather(nopes[me], pes[me], pos, cs, out=out)
@@ -232,7 +235,7 @@ def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto
 
 
 def one_path(case: dict, impl: str, exchange: str, memory: str, timeout_s: float = 5.0) -> dict:
-    """One path (``exchange`` raw | roped | exposed, or ``allgather`` with impl triton | torch) of
+    """One path (``exchange`` raw | roped | push | exposed, or ``allgather`` with impl triton | torch) of
     :func:`gather_matrix` alone, with a short
     peer timeout: bitwise equality with the fp32 reference, the seconds it took, and any error (so a
     path that stalls is named, instead of a whole matrix running into the test's timeout)."""
@@ -275,14 +278,20 @@ def check_matrix(results: list, names: list[str], memory: str, impls=("triton",)
             assert c["nan"] == 0, (name, path, c)
         if "saturated" in res:
             assert res["saturated"], name
-        want = {f"direct-{i}-{m}" for i in impls for m in ("raw", "roped", "exposed")}
+        want = {f"direct-{i}-{m}" for i in impls for m in ("raw", "roped", "push", "exposed")}
         assert set(res["paths"]) == want | {"allgather-triton", "allgather-torch"}, (name, sorted(res["paths"]))
 
 
 # ---------------------------------------------------------------------------------- back to back
-def back_to_back(n_calls: int, H: int = 2, max_T: int = 7, impl: str = "triton", memory: str = "auto") -> dict:
+def back_to_back(
+    n_calls: int, H: int = 2, max_T: int = 7, impl: str = "triton", memory: str = "auto", raw_max: int | None = None
+) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
-    no host synchronization between them; every output checked at the end."""
+    no host synchronization between them; every output checked at the end. ``raw_max`` overrides
+    ``AUTO_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges); ``modes`` names the exchanges used."""
+    if raw_max is not None:
+        with mock.patch.object(gather_mod, "AUTO_RAW_MAX_TOKENS", raw_max):
+            return back_to_back(n_calls, H, max_T, impl, memory)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     g = torch.Generator().manual_seed(99)
@@ -299,6 +308,8 @@ def back_to_back(n_calls: int, H: int = 2, max_T: int = 7, impl: str = "triton",
         device=dev,
     ) as qg:
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
+        names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push"}
+        info["modes"] = sorted({"exposed" if e else names[qg._copy_mode(T)] for T, e in plan})
         for i, (T, exposed) in enumerate(plan):
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
             out = poisoned(qg, T)
@@ -490,7 +501,7 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
     on the device after it; the ranks replay independently (no barrier, no host sync in the loop)."""
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
-    ex = "roped" if mode == "roped" else "raw"
+    ex = mode if mode in ("roped", "push") else "raw"
     qg = QueryGather(
         max_tokens=T,
         heads_per_rank=H,

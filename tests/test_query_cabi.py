@@ -35,12 +35,12 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(nope=500) == INVALID
     assert _call(rope=60) == INVALID
     assert _call(nprog=0) == INVALID
-    assert _call(mode=3) == INVALID
-    assert _call(mode=3 | K.MODE_PDL) == INVALID
+    assert _call(mode=4) == INVALID
+    assert _call(mode=4 | K.MODE_PDL) == INVALID
     assert _call(mode=16) == INVALID
 
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():
-    for mode in (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED):
+    for mode in (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH):
         for pdl in (0, K.MODE_PDL):
             assert _call(T=0, mode=mode | pdl) == 0

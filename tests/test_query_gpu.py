@@ -41,7 +41,7 @@ def test_gpu_byte_identical_all_paths(gpool, memory):
 
 @pytest.mark.parametrize(
     "impl,exchange",
-    [(i, e) for i in ("cuda", "triton") for e in ("raw", "roped", "exposed")]
+    [(i, e) for i in ("cuda", "triton") for e in ("raw", "roped", "push", "exposed")]
     + [("triton", "allgather"), ("torch", "allgather")],
 )
 def test_gpu_each_path_T256_H32(gpool, impl, exchange):
@@ -53,7 +53,7 @@ def test_gpu_each_path_T256_H32(gpool, impl, exchange):
         assert r["seconds"] < 20, r
 
 
-@pytest.mark.parametrize("mode", ["raw", "roped", "exposed"])
+@pytest.mark.parametrize("mode", ["raw", "roped", "push", "exposed"])
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
@@ -67,6 +67,7 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
 def test_gpu_back_to_back_eager(gpool, impl):
     for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl=impl, memory="vmm"):
         assert r["bad"] == [] and r["impl"] == impl, r
+        assert r["modes"] == ["exposed", "push", "raw"], r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])

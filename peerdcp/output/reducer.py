@@ -297,6 +297,7 @@ class OutputReducer:
         gpu = on_gpu(dev)
         err: BaseException | None = None
         choice, limit, hpu, sms = "triton", None, None, 1
+        mask = 0  # the CUDA kernel's variant bits (ops.OPTS), kept when the CUDA kernel is chosen
         try:
             if gpu:
                 sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -362,11 +363,7 @@ class OutputReducer:
         self.cuda_opts = cuda_opts if choice == "cuda" else ()
         self.ll128_max_tokens = ll128_max_tokens if choice == "cuda" else 0
         self._ll128_min = ll128_min_tokens if self.ll128_max_tokens else 0
-        self._opts_mask = 0
-        if self.cuda_opts or self.ll128_max_tokens:
-            from .ops import OPTS, opts_mask
-
-            self._opts_mask = opts_mask(self.cuda_opts) | (OPTS["ll128"] if self.ll128_max_tokens else 0)
+        self._opts_mask = mask if choice == "cuda" else 0
         self.reason += f"; {choice} kernel, {G} programs" + (
             f", LL protocol for T <= {self.ll_max_tokens}" if self.ll_max_tokens else ""
         )

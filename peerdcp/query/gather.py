@@ -42,13 +42,17 @@ __all__ = ["QueryGather", "BACKENDS", "IMPLS", "EXCHANGES", "AUTO_RAW_MAX_TOKENS
 
 BACKENDS = ("auto", "direct", "allgather")
 IMPLS = ("auto", "cuda", "triton", "torch")
-EXCHANGES = ("auto", "raw", "roped")
+EXCHANGES = ("auto", "raw", "roped", "push")
 OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 # exchange="auto": T <= this moves the raw bf16 shard (the producer only copies before it signals: shortest
 # latency); larger T moves rows the producer already rotated and converted (FP8: half the NVLink bytes).
 # Measured on 2 x H200 (bench.query, 32 heads/rank, FP8, graph, 2026-11-30; both byte-exact): raw 5.86 / 8.18 /
 # 11.26 / 15.51 / 44.14 us vs roped 5.81 / 8.57 / 10.06 / 11.27 / 27.29 us at T = 1 / 8 / 32 / 64 / 256.
 AUTO_RAW_MAX_TOKENS = 8
+# exchange="auto" above AUTO_RAW_MAX_TOKENS takes "push" (producers store their finished rows into every
+# consumer's slot) when its slots cost at most PUSH_AUTO_MAX_GROWTH times the raw slot (a push slot holds
+# W sources' rows of the out dtype: W * osize / 2 raw slots; 1x for W = 2 FP8), else "roped".
+PUSH_AUTO_MAX_GROWTH = 2
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # read at construction: calls with T <= "cuda_pdl_max_tokens" launch the CUDA direct kernel with
@@ -81,10 +85,14 @@ class QueryGather:
             (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available (on a
             GPU the CUDA kernel; the Triton direct kernel where it cannot be built, and under the interpreter).
         exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
-            rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"auto"``
-            (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
+            rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"push"``
+            (the producer rotates and converts its rows and stores them into every consumer's slot: NVLink
+            stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot),
+            ``"auto"`` (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else push where its slots cost at most
+            ``PUSH_AUTO_MAX_GROWTH`` raw slots, else roped). All give the same bytes provided every rank
             passes the same ``positions`` and ``cos_sin_cache`` (as in DCP, where every rank holds every token):
-            raw and allgather rotate every row with the *caller's* positions, roped with the *producer's*.
+            raw and allgather rotate every row with the *caller's* positions, roped and push with the
+            *producer's*.
         device: the tensors' device (default: the current CUDA device, else CPU).
         num_programs: direct backend grid size (default: 2 per SM on GPU, 4 in the interpreter).
 
@@ -189,6 +197,7 @@ class QueryGather:
         self.out_heads = pad_heads_to if pad_heads_to is not None else self.world_size * H
         self._gpu = on_gpu(dev)
         self._exposed_T: int | None = None
+        self._push_slots = False  # direct: slots 0/1 sized for the push exchange (set below)
 
         reasons: list[str] = []
         chosen = backend
@@ -214,9 +223,13 @@ class QueryGather:
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange
+            osize = 1 if out_dtype == torch.float8_e4m3fn else 2
+            growth = self.world_size * osize / 2
+            self._push_slots = exchange == "push" or (exchange == "auto" and growth <= PUSH_AUTO_MAX_GROWTH)
+            above = "push" if self._push_slots else "roped"
             reasons.append(
                 f"exchange {exchange}"
-                + (f" (raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped)" if exchange == "auto" else "")
+                + (f" (raw for T <= {AUTO_RAW_MAX_TOKENS}, else {above})" if exchange == "auto" else "")
             )
             self._setup_direct(num_programs)
         else:
@@ -331,9 +344,15 @@ class QueryGather:
         nprogs = all_gather_object(info, num_programs)
         self.num_programs = NP = min(nprogs)  # the grids must match: twin programs wait for each other
         self._bu = 4 if self._gpu else 2
-        self._slot_bytes = -(-(self.max_tokens * H * self.head_dim * 2) // 256) * 256
+        raw_bytes = self.max_tokens * H * self.head_dim * 2
+        slot_bytes = raw_bytes
+        if self._push_slots:
+            osize = self.out_dtype.itemsize
+            slot_bytes = max(raw_bytes, W * K.push_region_bytes(self.max_tokens, H, self.head_dim, osize))
+        self._slot_bytes = -(-slot_bytes // 256) * 256
         self._data_off = K.header_bytes(NP, W)
-        nbytes = self._data_off + 3 * self._slot_bytes
+        # slots 0 and 1 (parity; any exchange), then slot Z (exposed: a raw slot, the last one)
+        nbytes = self._data_off + 2 * self._slot_bytes + raw_bytes
         self._buf = _memory.allocate(nbytes, info.group, memory=self.memory, device=dev)
         self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
         self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
@@ -558,8 +577,8 @@ class QueryGather:
     def _copy_mode(self, T: int) -> int:
         ex = self.exchange
         if ex == "auto":
-            ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else "roped"
-        return K.MODE_RAW if ex == "raw" else K.MODE_ROPED
+            ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else ("push" if self._push_slots else "roped")
+        return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[ex]
 
     # ---------------------------------------------------------------------------------- launches
     def _launch_direct(self, mode, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:

@@ -18,6 +18,7 @@ Exposed buffer of each rank (``PeerBuffer``, zero-filled; offsets in bytes)::
     [HDR, ...)   slot 0, slot 1, slot Z; each SLOT bytes:
                    raw slot:   bf16 nope [max_tokens, H, nope], then bf16 pe [max_tokens, H, rope]
                    roped slot: out-dtype [max_tokens, H, nope + rope] (rotated and converted)
+                   push slot:  W regions, region s = rank s's rows as in a roped slot (written by s)
 
 Work split: the grid has NPROG programs on every rank, for every T. Program p owns the contiguous
 units ``[p*ceil(T*H/NPROG), ...)`` of *every* source rank's shard, so a program only ever waits for the
@@ -34,6 +35,11 @@ Modes (constexpr MODE):
 * ``MODE_ROPED`` (copy, roped exchange): program p rotates/converts its own units once, writes the
   result to the output and to its own slot ``e % 2`` (half the NVLink bytes for FP8), signals; the
   consumers copy the finished rows.
+* ``MODE_PUSH`` (push, roped rows): program p rotates/converts its own units once and stores them into
+  the output and into its region of every peer's slot ``e % 2`` (NVLink stores, which overlap the
+  conversion; no remote loads), signals; the consumers copy the rows the peers stored into their own
+  slot. Same two-slot argument as the copy modes below: every access of call e to any slot of parity k
+  (by its owner or a peer) finishes before any access of call e + 2, whichever modes the calls use.
 * ``MODE_EXPOSED`` (zero-copy): the caller already wrote its bf16 shard into slot Z (the views of
   ``QueryGather.exposed_shard``); program p only signals, then consumes like RAW from the peers'
   slot Z, and acknowledges each peer after reading it.
@@ -71,7 +77,9 @@ __all__ = [
     "MODE_RAW",
     "MODE_ROPED",
     "MODE_EXPOSED",
+    "MODE_PUSH",
     "SLOT_Z",
+    "push_region_bytes",
     "header_bytes",
     "direct_kernel",
     "wait_acks_kernel",
@@ -81,13 +89,20 @@ __all__ = [
 MODE_RAW = 0
 MODE_ROPED = 1
 MODE_EXPOSED = 2
+MODE_PUSH = 3
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)
 _RAW = tl.constexpr(MODE_RAW)
 _ROPED = tl.constexpr(MODE_ROPED)
 _EXPOSED = tl.constexpr(MODE_EXPOSED)
+_PUSH = tl.constexpr(MODE_PUSH)
 _SLOT_Z = tl.constexpr(SLOT_Z)
+
+
+def push_region_bytes(max_tokens: int, heads: int, head_dim: int, out_size: int) -> int:
+    """Bytes of one source's region in a push slot: finished rows ``[max_tokens, H, D]`` of the out dtype."""
+    return max_tokens * heads * head_dim * out_size
 
 
 def header_bytes(nprog: int, world: int) -> int:
@@ -415,9 +430,10 @@ def direct_kernel(
                     RB,
                 )
                 k += BU
-        if MODE == _ROPED:
+        if (MODE == _ROPED) | (MODE == _PUSH):
             ob = out
             sb = my_slot.to(out.dtype)
+            region = tl.cast(max_tokens, tl.int64) * (H * D)  # elements of out dtype per push region
             k = u0
             while k < u1:
                 u = k + tl.arange(0, BU)
@@ -444,7 +460,13 @@ def direct_kernel(
                     GPU,
                     "",
                 )
-                _rows_store(sb, (t * H + h) * D, m, nb, pb, NOPE, ROPE, NB)
+                if MODE == _ROPED:
+                    _rows_store(sb, (t * H + h) * D, m, nb, pb, NOPE, ROPE, NB)
+                else:
+                    for i in range(1, W):
+                        d = (rank + i) % W
+                        dst = peer_pointer(peer_ptrs, d, tl.int8) + data_off + slot * slot_bytes.to(tl.int64)
+                        _rows_store(dst.to(out.dtype), rank * region + (t * H + h) * D, m, nb, pb, NOPE, ROPE, NB)
                 _rows_store(ob, (t * HOUT + rank * H + h) * D, m, nb, pb, NOPE, ROPE, NB)
                 k += BU
         if W > 1:
@@ -456,7 +478,7 @@ def direct_kernel(
                 tl.atomic_xchg(flags_d + (par * NPROG + p) * W + rank, e, sem="release", scope="sys")
 
         # ---- own rows (RAW from the caller's tensors, EXPOSED from our own slot Z); overlaps the flags' flight
-        if MODE != _ROPED:
+        if (MODE != _ROPED) & (MODE != _PUSH):
             ob = out
             k = u0
             while k < u1:
@@ -522,9 +544,12 @@ def direct_kernel(
             s = (rank + i) % W
             ok = ((okmask >> s) & 1) == 1
             src = peer_pointer(peer_ptrs, s, tl.int8) + data_off + slot * slot_bytes.to(tl.int64)
-            if MODE == _ROPED:
+            if (MODE == _ROPED) | (MODE == _PUSH):
                 ob = out
-                sb = src.to(out.dtype)
+                if MODE == _PUSH:
+                    sb = my_slot.to(out.dtype) + s * (tl.cast(max_tokens, tl.int64) * (H * D))
+                else:
+                    sb = src.to(out.dtype)
                 k = u0
                 while k < u1:
                     u = k + tl.arange(0, BU)

@@ -46,6 +46,11 @@ constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kSlotZ = 2;
 // peer's slot (PUSH).
 constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2;
 constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
+#ifdef PEERDCP_QUERY_NO_PREFETCH  // benchmark switch (PEERDCP_NVCC_EXTRA): the ROPED / PUSH early load off
+constexpr bool kPrefetchOwn = false;
+#else
+constexpr bool kPrefetchOwn = true;
+#endif
 
 struct Peers {
   uint64_t base[kMaxW];
@@ -309,7 +314,8 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
 // Rotate/convert units [u0, u1) of every source into the output (and, PUB, into the publish rows of
 // slot `slot`: ROPED our own slot, PUSH our region of every peer's slot).
 template <bool NEOX, bool FP8, bool CG, int PUB>
-__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, int slot) {
+__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, int slot,
+                              const Item* pre = nullptr) {
   constexpr int osize = FP8 ? 1 : 2;
   const int D = a.NOPE + a.ROPE;
   const int n = src.count * (u1 - u0) * items_per_unit<NEOX>(a);
@@ -319,7 +325,11 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
     for (int k = 0; k < kUnroll; ++k) {
       const int idx = base + k * kThreads;
       it[k].j = -1;
-      if (idx < n) load_item<NEOX, CG>(it[k], a, src, u0, u1, idx);
+      if (pre != nullptr && base == threadIdx.x) {
+        it[k] = pre[k];  // the first round, loaded by the caller (prefetch_own)
+      } else if (idx < n) {
+        load_item<NEOX, CG>(it[k], a, src, u0, u1, idx);
+      }
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -419,6 +429,21 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       if (idx < n_raw) pre[k] = *raw_item(a, u0, idx, pe_region_bytes, pre_off[k]);
     }
   }
+  // ROPED / PUSH: the first round of this block's own bf16 items is loaded before the counter and the cos/sin
+  // rows (inputs only: nothing is stored before the epoch is known), so the three load latencies overlap.
+  // Interleaved RoPE only: with NeoX (two vectors per rope item) the held round pushed the kernel past 150
+  // registers (one block per SM).
+  constexpr bool kPrefetch = (MODE == kRoped || MODE == kPush) && !NEOX && kPrefetchOwn;
+  const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+  Item own_pre[kUnroll];
+  if constexpr (kPrefetch) {
+    const int n_own = (u1 - u0) * items_per_unit<NEOX>(a);
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      own_pre[k].j = -1;
+      if (tid + k * kThreads < n_own) load_item<NEOX, false>(own_pre[k], a, own, u0, u1, tid + k * kThreads);
+    }
+  }
   // cos/sin rows of this block's tokens into shared memory (overlaps the counter load)
   CosSin cs{nullptr, u0 / H};
   const int ntok = (u1 - 1) / H - u0 / H + 1;
@@ -456,13 +481,11 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       }
     }
   } else if constexpr (MODE == kRoped) {
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, slot);
+    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, slot, kPrefetch ? own_pre : nullptr);
   } else if constexpr (MODE == kPush) {
     // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot);
+    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot, kPrefetch ? own_pre : nullptr);
   }
   __syncthreads();  // every thread's publish stores precede the release below
   if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier
@@ -470,7 +493,6 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
 
   // ---- own rows while the flags fly
   if constexpr (MODE == kRaw) {
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
     compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, slot);
   } else if constexpr (MODE == kExposed) {
     const Sources own{reinterpret_cast<const uint16_t*>(my_slot),

@@ -288,9 +288,10 @@ def back_to_back(
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
-    ``AUTO_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges); ``modes`` names the exchanges used."""
+    ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
+    ``modes`` names the exchanges used."""
     if raw_max is not None:
-        with mock.patch.object(gather_mod, "AUTO_RAW_MAX_TOKENS", raw_max):
+        with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
             return back_to_back(n_calls, H, max_T, impl, memory)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)

@@ -9,7 +9,7 @@ direct protocol and the fused allgather pass), ``csrc/query_direct.cu`` (the CUD
 from __future__ import annotations
 
 from . import reference, rope
-from .gather import AUTO_RAW_MAX_TOKENS, BACKENDS, EXCHANGES, IMPLS, QueryGather
+from .gather import AUTO_PUSH_RAW_MAX_TOKENS, AUTO_RAW_MAX_TOKENS, BACKENDS, EXCHANGES, IMPLS, QueryGather
 from .reference import apply_rope, quantize_fp8, rope_quantize_kv, widened_query
 from .rope import PRESETS, YarnParams, cos_sin_cache, plain_cos_sin_cache, yarn_cos_sin_cache
 
@@ -19,6 +19,7 @@ __all__ = [
     "IMPLS",
     "EXCHANGES",
     "AUTO_RAW_MAX_TOKENS",
+    "AUTO_PUSH_RAW_MAX_TOKENS",
     "reference",
     "rope",
     "apply_rope",

@@ -38,20 +38,24 @@ from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from . import kernels as K
 from .reference import ROPE_STYLES, widened_query
 
-__all__ = ["QueryGather", "BACKENDS", "IMPLS", "EXCHANGES", "AUTO_RAW_MAX_TOKENS"]
+__all__ = ["QueryGather", "BACKENDS", "IMPLS", "EXCHANGES", "AUTO_RAW_MAX_TOKENS", "AUTO_PUSH_RAW_MAX_TOKENS"]
 
 BACKENDS = ("auto", "direct", "allgather")
 IMPLS = ("auto", "cuda", "triton", "torch")
 EXCHANGES = ("auto", "raw", "roped", "push")
 OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
-# exchange="auto": T <= this moves the raw bf16 shard (the producer only copies before it signals: shortest
-# latency); larger T moves rows the producer already rotated and converted (FP8: half the NVLink bytes).
-# Measured on 2 x H200 (bench.query, 32 heads/rank, FP8, graph, 2026-11-30; both byte-exact): raw 5.86 / 8.18 /
-# 11.26 / 15.51 / 44.14 us vs roped 5.81 / 8.57 / 10.06 / 11.27 / 27.29 us at T = 1 / 8 / 32 / 64 / 256.
+# exchange="auto" on an object with push slots (below): "push" for T > AUTO_PUSH_RAW_MAX_TOKENS, else raw.
+# Push measured fastest at every T on 2 x H200 (bench.query, 32 heads/rank, FP8, graph, 2026-11-30 session 6,
+# all byte-exact): push / raw / roped 4.93 / 5.51 / 5.36 us at T = 1, 6.64 / 8.00 / 8.10 at 8, 8.78 / 10.90 /
+# 9.31 at 32, 11.47 / 15.45 / 11.70 at 64, 15.76 / 24.63 / 15.26 at 128, 24.85 / 43.68 / 27.20 at 256.
+AUTO_PUSH_RAW_MAX_TOKENS = 0
+# Without push slots: T <= AUTO_RAW_MAX_TOKENS moves the raw bf16 shard (the producer only copies before it
+# signals: shortest latency); larger T moves rows the producer already rotated and converted (FP8: half the
+# NVLink bytes). Measured (session 3, both byte-exact): raw 5.86 / 8.18 / 11.26 / 15.51 / 44.14 us vs roped
+# 5.81 / 8.57 / 10.06 / 11.27 / 27.29 us at T = 1 / 8 / 32 / 64 / 256.
 AUTO_RAW_MAX_TOKENS = 8
-# exchange="auto" above AUTO_RAW_MAX_TOKENS takes "push" (producers store their finished rows into every
-# consumer's slot) when its slots cost at most PUSH_AUTO_MAX_GROWTH times the raw slot (a push slot holds
-# W sources' rows of the out dtype: W * osize / 2 raw slots; 1x for W = 2 FP8), else "roped".
+# exchange="auto" sizes slots 0/1 for push when that costs at most PUSH_AUTO_MAX_GROWTH times a raw slot (a
+# push slot holds W sources' rows of the out dtype: W * out-size / 2 raw slots; 1x for W = 2 FP8).
 PUSH_AUTO_MAX_GROWTH = 2
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
@@ -88,8 +92,9 @@ class QueryGather:
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"push"``
             (the producer rotates and converts its rows and stores them into every consumer's slot: NVLink
             stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot),
-            ``"auto"`` (raw for T <= ``AUTO_RAW_MAX_TOKENS``, else push where its slots cost at most
-            ``PUSH_AUTO_MAX_GROWTH`` raw slots, else roped). All give the same bytes provided every rank
+            ``"auto"`` (push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2, or
+            W = 4 with FP8 - for T > ``AUTO_PUSH_RAW_MAX_TOKENS``; otherwise raw for T <=
+            ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
             passes the same ``positions`` and ``cos_sin_cache`` (as in DCP, where every rank holds every token):
             raw and allgather rotate every row with the *caller's* positions, roped and push with the
             *producer's*.
@@ -226,11 +231,11 @@ class QueryGather:
             osize = 1 if out_dtype == torch.float8_e4m3fn else 2
             growth = self.world_size * osize / 2
             self._push_slots = exchange == "push" or (exchange == "auto" and growth <= PUSH_AUTO_MAX_GROWTH)
-            above = "push" if self._push_slots else "roped"
-            reasons.append(
-                f"exchange {exchange}"
-                + (f" (raw for T <= {AUTO_RAW_MAX_TOKENS}, else {above})" if exchange == "auto" else "")
-            )
+            if self._push_slots:
+                rule = f"raw for T <= {AUTO_PUSH_RAW_MAX_TOKENS}, else push" if AUTO_PUSH_RAW_MAX_TOKENS else "push"
+            else:
+                rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
+            reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
             self._setup_direct(num_programs)
         else:
             self._setup_allgather()
@@ -577,7 +582,10 @@ class QueryGather:
     def _copy_mode(self, T: int) -> int:
         ex = self.exchange
         if ex == "auto":
-            ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else ("push" if self._push_slots else "roped")
+            if self._push_slots:
+                ex = "raw" if T <= AUTO_PUSH_RAW_MAX_TOKENS else "push"
+            else:
+                ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else "roped"
         return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[ex]
 
     # ---------------------------------------------------------------------------------- launches

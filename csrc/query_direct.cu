@@ -46,10 +46,10 @@ constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kSlotZ = 2;
 // peer's slot (PUSH).
 constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2;
 constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
-#ifdef PEERDCP_QUERY_NO_PREFETCH  // benchmark switch (PEERDCP_NVCC_EXTRA): the ROPED / PUSH early load off
-constexpr bool kPrefetchOwn = false;
+#ifdef PEERDCP_QUERY_PUSH_8B  // benchmark switch (PEERDCP_NVCC_EXTRA): FP8 push with 8-byte remote stores
+constexpr bool kPushPairs = false;
 #else
-constexpr bool kPrefetchOwn = true;
+constexpr bool kPushPairs = true;
 #endif
 
 struct Peers {
@@ -259,12 +259,45 @@ __device__ __forceinline__ void store8x(const Params& a, void* d1, int64_t row_o
   }
 }
 
+// Interleaved RoPE of rope item c of token t: elements 8c .. 8c+7 = pairs i = 4c .. 4c+3, (x[2i], x[2i+1]).
+__device__ __forceinline__ void rotate_interleaved(const Item& it, const Params& a, const CosSin& cs, int c,
+                                                   float y[8]) {
+  const float* row = cs.row(a, it.t);
+  float x[8];
+  bf16x8(it.a, x);
+  const float4 c4 = *reinterpret_cast<const float4*>(row + 4 * c);
+  const float4 s4 = *reinterpret_cast<const float4*>(row + a.ROPE / 2 + 4 * c);
+  const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    y[2 * i] = rot0(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
+    y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
+  }
+}
+
+// Interleaved RoPE, FP8: a loaded item -> its 8 output codes (the nope vector scaled, or the rotated rope
+// vector), which land at byte 8 * it.j of the row.
+__device__ __forceinline__ uint2 item_fp8_interleaved(const Item& it, const Params& a, const CosSin& cs) {
+  const int nv = a.NOPE / 8;
+  float y[8];
+  if (it.j < nv) {
+    bf16x8(it.a, y);
+  } else {
+    rotate_interleaved(it, a, cs, it.j - nv, y);
+  }
+  return to_fp8x8(y, a.quant_scale);
+}
+
 // Rotate / convert a loaded item and store it into row `dst_row` (and, PUB, the publish rows; `row_off`
 // and `slot` locate them, see put()).
 template <bool NEOX, bool FP8, int PUB>
 __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const CosSin& cs, void* dst_row,
                                           int64_t row_off, int slot) {
   const int nv = a.NOPE / 8;
+  if constexpr (FP8 && !NEOX) {
+    put<PUB>(a, dst_row, row_off, slot, 8 * (int64_t)it.j, item_fp8_interleaved(it, a, cs));
+    return;
+  }
   if (it.j < nv) {
     if constexpr (FP8) {
       float f[8];
@@ -276,22 +309,13 @@ __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const
     return;
   }
   const int c = it.j - nv;
-  const float* row = cs.row(a, it.t);
-  const int half = a.ROPE / 2;
   if constexpr (!NEOX) {
-    // elements 8c .. 8c+7 = pairs i = 4c .. 4c+3: (x[2i], x[2i+1])
-    float x[8], y[8];
-    bf16x8(it.a, x);
-    const float4 c4 = *reinterpret_cast<const float4*>(row + 4 * c);
-    const float4 s4 = *reinterpret_cast<const float4*>(row + half + 4 * c);
-    const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      y[2 * i] = rot0(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
-      y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], cc[i], ss[i]);
-    }
+    float y[8];
+    rotate_interleaved(it, a, cs, c, y);
     store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + 8 * c, y);
   } else {
+    const float* row = cs.row(a, it.t);
+    const int half = a.ROPE / 2;
     // elements 8c .. 8c+7 (x0) pair with half + 8c .. (x1): i = 8c .. 8c+7
     float x0[8], x1[8], y0[8], y1[8];
     bf16x8(it.a, x0);
@@ -314,8 +338,7 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
 // Rotate/convert units [u0, u1) of every source into the output (and, PUB, into the publish rows of
 // slot `slot`: ROPED our own slot, PUSH our region of every peer's slot).
 template <bool NEOX, bool FP8, bool CG, int PUB>
-__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, int slot,
-                              const Item* pre = nullptr) {
+__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, int slot) {
   constexpr int osize = FP8 ? 1 : 2;
   const int D = a.NOPE + a.ROPE;
   const int n = src.count * (u1 - u0) * items_per_unit<NEOX>(a);
@@ -325,17 +348,56 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
     for (int k = 0; k < kUnroll; ++k) {
       const int idx = base + k * kThreads;
       it[k].j = -1;
-      if (pre != nullptr && base == threadIdx.x) {
-        it[k] = pre[k];  // the first round, loaded by the caller (prefetch_own)
-      } else if (idx < n) {
-        load_item<NEOX, CG>(it[k], a, src, u0, u1, idx);
-      }
+      if (idx < n) load_item<NEOX, CG>(it[k], a, src, u0, u1, idx);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       if (it[k].j < 0) continue;
       const int64_t row_off = ((int64_t)it[k].t * a.H + it[k].h) * D * osize;
       emit_item<NEOX, FP8, PUB>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row_off, slot);
+    }
+  }
+}
+
+// PUSH publish, FP8, interleaved RoPE: compute_units<.., kPubPeers> with wider NVLink stores. Item idx of
+// the block's units lands at byte u0 * D + 8 * idx of our region in a peer's slot (rows are D = 8 * items
+// bytes, back to back), so an even lane stores its 8 codes and its odd neighbour's (idx + 1) as one
+// 16-byte store. The trip count is warp-uniform so every lane reaches the shuffles.
+__device__ void push_units_fp8(const Params& a, const CosSin& cs, int u0, int u1, const Sources& own, int slot) {
+  const int D = a.NOPE + a.ROPE;
+  const int n = (u1 - u0) * (D / 8);
+  const int lane = threadIdx.x & 31;
+  const int64_t mine = (int64_t)a.rank * push_region(a, 1) + (int64_t)u0 * D;
+  for (int base = threadIdx.x; base - lane < n; base += kThreads * kUnroll) {
+    Item it[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      it[k].j = -1;
+      if (base + k * kThreads < n) load_item<false, false>(it[k], a, own, u0, u1, base + k * kThreads);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const bool valid = it[k].j >= 0;
+      uint2 v = make_uint2(0, 0);
+      if (valid) {
+        v = item_fp8_interleaved(it[k], a, cs);
+        char* orow = static_cast<char*>(out_row(a, it[k].t, a.rank * a.H + it[k].h, 1));
+        *reinterpret_cast<uint2*>(orow + 8 * (int64_t)it[k].j) = v;
+      }
+      const uint32_t nx = __shfl_down_sync(0xffffffffu, v.x, 1);
+      const uint32_t ny = __shfl_down_sync(0xffffffffu, v.y, 1);
+      const bool next_valid = __shfl_down_sync(0xffffffffu, (int)valid, 1) != 0;
+      if (valid && (lane & 1) == 0) {
+        const int64_t off = mine + 8 * (int64_t)(base + k * kThreads);
+        for (int i = 1; i < a.W; ++i) {
+          char* dst = slot_of(a, (a.rank + i) % a.W, slot) + off;
+          if (next_valid) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(v.x, v.y, nx, ny);
+          } else {
+            *reinterpret_cast<uint2*>(dst) = v;
+          }
+        }
+      }
     }
   }
 }
@@ -429,21 +491,6 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       if (idx < n_raw) pre[k] = *raw_item(a, u0, idx, pe_region_bytes, pre_off[k]);
     }
   }
-  // ROPED / PUSH: the first round of this block's own bf16 items is loaded before the counter and the cos/sin
-  // rows (inputs only: nothing is stored before the epoch is known), so the three load latencies overlap.
-  // Interleaved RoPE only: with NeoX (two vectors per rope item) the held round pushed the kernel past 150
-  // registers (one block per SM).
-  constexpr bool kPrefetch = (MODE == kRoped || MODE == kPush) && !NEOX && kPrefetchOwn;
-  const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-  Item own_pre[kUnroll];
-  if constexpr (kPrefetch) {
-    const int n_own = (u1 - u0) * items_per_unit<NEOX>(a);
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      own_pre[k].j = -1;
-      if (tid + k * kThreads < n_own) load_item<NEOX, false>(own_pre[k], a, own, u0, u1, tid + k * kThreads);
-    }
-  }
   // cos/sin rows of this block's tokens into shared memory (overlaps the counter load)
   CosSin cs{nullptr, u0 / H};
   const int ntok = (u1 - 1) / H - u0 / H + 1;
@@ -481,11 +528,17 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       }
     }
   } else if constexpr (MODE == kRoped) {
-    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, slot, kPrefetch ? own_pre : nullptr);
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, slot);
   } else if constexpr (MODE == kPush) {
     // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
-    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot, kPrefetch ? own_pre : nullptr);
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+    if constexpr (FP8 && !NEOX && kPushPairs) {
+      push_units_fp8(a, cs, u0, u1, own, slot);
+    } else {
+      compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot);
+    }
   }
   __syncthreads();  // every thread's publish stores precede the release below
   if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier
@@ -493,6 +546,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
 
   // ---- own rows while the flags fly
   if constexpr (MODE == kRaw) {
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
     compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, slot);
   } else if constexpr (MODE == kExposed) {
     const Sources own{reinterpret_cast<const uint16_t*>(my_slot),

@@ -46,11 +46,6 @@ constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kSlotZ = 2;
 // peer's slot (PUSH).
 constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2;
 constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
-#ifdef PEERDCP_QUERY_PUSH_8B  // benchmark switch (PEERDCP_NVCC_EXTRA): FP8 push with 8-byte remote stores
-constexpr bool kPushPairs = false;
-#else
-constexpr bool kPushPairs = true;
-#endif
 
 struct Peers {
   uint64_t base[kMaxW];
@@ -359,49 +354,6 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
   }
 }
 
-// PUSH publish, FP8, interleaved RoPE: compute_units<.., kPubPeers> with wider NVLink stores. Item idx of
-// the block's units lands at byte u0 * D + 8 * idx of our region in a peer's slot (rows are D = 8 * items
-// bytes, back to back), so an even lane stores its 8 codes and its odd neighbour's (idx + 1) as one
-// 16-byte store. The trip count is warp-uniform so every lane reaches the shuffles.
-__device__ void push_units_fp8(const Params& a, const CosSin& cs, int u0, int u1, const Sources& own, int slot) {
-  const int D = a.NOPE + a.ROPE;
-  const int n = (u1 - u0) * (D / 8);
-  const int lane = threadIdx.x & 31;
-  const int64_t mine = (int64_t)a.rank * push_region(a, 1) + (int64_t)u0 * D;
-  for (int base = threadIdx.x; base - lane < n; base += kThreads * kUnroll) {
-    Item it[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      it[k].j = -1;
-      if (base + k * kThreads < n) load_item<false, false>(it[k], a, own, u0, u1, base + k * kThreads);
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const bool valid = it[k].j >= 0;
-      uint2 v = make_uint2(0, 0);
-      if (valid) {
-        v = item_fp8_interleaved(it[k], a, cs);
-        char* orow = static_cast<char*>(out_row(a, it[k].t, a.rank * a.H + it[k].h, 1));
-        *reinterpret_cast<uint2*>(orow + 8 * (int64_t)it[k].j) = v;
-      }
-      const uint32_t nx = __shfl_down_sync(0xffffffffu, v.x, 1);
-      const uint32_t ny = __shfl_down_sync(0xffffffffu, v.y, 1);
-      const bool next_valid = __shfl_down_sync(0xffffffffu, (int)valid, 1) != 0;
-      if (valid && (lane & 1) == 0) {
-        const int64_t off = mine + 8 * (int64_t)(base + k * kThreads);
-        for (int i = 1; i < a.W; ++i) {
-          char* dst = slot_of(a, (a.rank + i) % a.W, slot) + off;
-          if (next_valid) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(v.x, v.y, nx, ny);
-          } else {
-            *reinterpret_cast<uint2*>(dst) = v;
-          }
-        }
-      }
-    }
-  }
-}
-
 // ROPED / PUSH consume: copy the finished rows (D * osize bytes, unit-major) of units [u0, u1) of every
 // peer s into the output at widened heads s*H + h - ROPED from s's slot, PUSH from s's region of our slot.
 template <bool PUSH>
@@ -534,11 +486,9 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
     const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    if constexpr (FP8 && !NEOX && kPushPairs) {
-      push_units_fp8(a, cs, u0, u1, own, slot);
-    } else {
-      compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot);
-    }
+    // (8-byte FP8 stores: pairing two lanes' codes into one 16-byte store by a shuffle measured 25-35 %
+    // slower at T >= 32, 2026-11-30 session 6)
+    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot);
   }
   __syncthreads();  // every thread's publish stores precede the release below
   if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier

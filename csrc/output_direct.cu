@@ -142,6 +142,16 @@ __device__ __forceinline__ void pdl_enter() {
   }
 }
 
+// This call's epoch of CTA prog: thread 0 bumps epochs[prog] (only CTA prog ever touches it, so no atomic)
+// and leaves the value in shared memory; the caller's __syncthreads hands it to the whole CTA.
+__device__ __forceinline__ void advance_epoch(const OutputDirectParams& p, int prog, int64_t* s_epoch) {
+  if (threadIdx.x == 0) {
+    const int64_t e = p.epochs[prog] + 1;
+    p.epochs[prog] = e;
+    *s_epoch = e;
+  }
+}
+
 // Work geometry of one call, the same in every CTA (nothing here depends on the epoch).
 struct Geo {
   int W, H, rank, G, HU, NC, n_units, VH, UV, my_units, nd, per_unit, pub_items, lse_per_unit, lse_items;
@@ -309,12 +319,8 @@ __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_cons
   }
   __shared__ int64_t s_epoch;
   __shared__ int s_ok;
-  if (tid == 0) {
-    const int64_t e = p.epochs[prog] + 1;
-    p.epochs[prog] = e;
-    s_epoch = e;
-    s_ok = 1 << p.rank;
-  }
+  advance_epoch(p, prog, &s_epoch);
+  if (tid == 0) s_ok = 1 << p.rank;
   __syncthreads();
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);
@@ -442,11 +448,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
     }
   }
   __shared__ int64_t s_epoch;
-  if (tid == 0) {
-    const int64_t e = p.epochs[prog] + 1;
-    p.epochs[prog] = e;
-    s_epoch = e;
-  }
+  advance_epoch(p, prog, &s_epoch);
   __syncthreads();
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);
@@ -610,11 +612,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
   const Geo g = make_geo(p, prog);
   __shared__ int64_t s_epoch;
   __shared__ int s_ok[kMaxChunks];
-  if (tid == 0) {
-    const int64_t e = p.epochs[prog] + 1;
-    p.epochs[prog] = e;
-    s_epoch = e;
-  }
+  advance_epoch(p, prog, &s_epoch);
   if (tid < kMaxChunks) s_ok[tid] = 1 << p.rank;
   __syncthreads();
   const int64_t e = s_epoch;
@@ -825,11 +823,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __
   const int flag_lane = (tid & 31) | 7;      // the group's lane 7, within the warp
   const Ll128Geo g = make_ll128_geo(p, prog);
   __shared__ int64_t s_epoch;
-  if (tid == 0) {
-    const int64_t e = p.epochs[prog] + 1;
-    p.epochs[prog] = e;
-    s_epoch = e;
-  }
+  advance_epoch(p, prog, &s_epoch);
   __syncthreads();
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);

@@ -58,9 +58,12 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
                     dict(backend="direct", memory=memory, impl=impl, exchange="raw", zerocopy=True),
                 )
             )
-    # PDL threshold variants (TUNING["cuda_pdl_max_tokens"], read at construction): never / every T
-    v.append(("direct-cuda-auto-vmm-nopdl", dict(backend="direct", memory="vmm", impl="cuda", pdl_max=0)))
-    v.append(("direct-cuda-auto-vmm-allpdl", dict(backend="direct", memory="vmm", impl="cuda", pdl_max=1 << 30)))
+    # TUNING variants (read at construction): PDL never / at every T; the push LL protocol never / at every T
+    cu = dict(backend="direct", memory="vmm", impl="cuda")
+    v.append(("direct-cuda-auto-vmm-nopdl", dict(cu, tuning={"cuda_pdl_max_tokens": 0})))
+    v.append(("direct-cuda-auto-vmm-allpdl", dict(cu, tuning={"cuda_pdl_max_tokens": 1 << 30})))
+    v.append(("direct-cuda-auto-vmm-noll", dict(cu, tuning={"cuda_ll_max_tokens": 0})))
+    v.append(("direct-cuda-auto-vmm-allll", dict(cu, tuning={"cuda_ll_max_tokens": 1 << 30})))
     if quick:
         keep = {
             "direct-cuda-auto-vmm",
@@ -112,10 +115,9 @@ def rank_main(cfg: dict) -> list[dict]:
                 if cfg.get("variants") and name not in cfg["variants"] and name != "allgather-fused":
                     continue
                 kw = dict(kw)
-                flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only", "pdl_max") if k in kw}
+                flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only", "tuning") if k in kw}
                 t0 = time.time()
-                pdl = {"cuda_pdl_max_tokens": flags["pdl_max"]} if "pdl_max" in flags else {}
-                with mock.patch.dict(G.TUNING, pdl):  # read at construction
+                with mock.patch.dict(G.TUNING, flags.get("tuning", {})):  # read at construction
                     qg = QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw)
                 objs[name] = (qg, flags)
                 if me == 0 and cfg["verbose"]:

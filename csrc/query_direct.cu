@@ -15,6 +15,14 @@
 //      PUSH: copies the rows the peers stored into its own slot, local loads)
 //   -> (EXPOSED) __syncthreads -> st.release.sys ack[p][rank] into each peer.
 //
+// PUSH_LL (small T; the host picks it for push calls with T <= its LL bound): the PUSH publish, but every
+// 8 output bytes travel to each peer's LL area as one 16-byte line {4 data, flag, 4 data, flag}
+// (st.volatile.v4, NCCL's LL), flag = 2e+1; the consumer polls its own LL area line by line
+// (ld.volatile.v4) and takes a line once both flags match. No fence, no ready flag, no barrier: the
+// flag round trip of PUSH is gone, at twice the bytes. Two parity areas suffice by the slot argument
+// below (a rank's call e + 1 cannot finish before every peer started its call e + 1, which follows the
+// peer's call e - the last reader of the area that call e + 2 writes - in stream order).
+//
 // PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it for T <= 32 by default, where it
 // measured faster - it measured slower at T >= 64, session 5): the launch
 // carries cudaLaunchAttributeProgrammaticStreamSerialization, and every block first executes
@@ -34,6 +42,8 @@
 
 #include <cstdint>
 
+#include "common.cuh"
+
 namespace {
 
 constexpr int kMaxW = 8;
@@ -41,10 +51,10 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
-constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kSlotZ = 2;
+constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
-// peer's slot (PUSH).
-constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2;
+// peer's slot (PUSH), our region of every peer's LL area (PUSH_LL).
+constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3;
 constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
 
 struct Peers {
@@ -68,6 +78,13 @@ struct Params {
   float quant_scale;
   int T, rank, W, H, HOUT, NOPE, ROPE, nprog, mech;
   int64_t max_tokens, data_off, slot_bytes;
+  int64_t ll_off, ll_max_tokens;  // PUSH_LL area: [2 parity][W src][ll_max_tokens][H][2 * D * osize] bytes
+};
+
+// Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.
+struct Pub {
+  int slot;
+  uint32_t f;
 };
 
 // ------------------------------------------------------------------------------------ primitives
@@ -86,14 +103,8 @@ __device__ __forceinline__ uint64_t globaltimer() {
 }
 __device__ __forceinline__ uint4 ld_cg(const uint4* p) { return __ldcg(p); }
 
-// Bounded acquire wait; on timeout record (rank, peer, mechanism, epoch) once and return false.
-__device__ bool wait_flag(const int64_t* flag, int64_t value, const Params& a, int peer) {
-  if (ld_acquire_sys(flag) == value) return true;
-  const uint64_t t0 = globaltimer();
-  while (true) {
-    if (ld_acquire_sys(flag) == value) return true;
-    if ((int64_t)(globaltimer() - t0) > a.timeout_ns) break;
-  }
+// Record a timed-out wait (rank, peer, mechanism, awaited value) once.
+__device__ void record_timeout(const Params& a, int peer, int64_t value) {
   if (atomicCAS_system(a.err, 0ull, 1ull) == 0ull) {
     volatile unsigned long long* e = a.err;
     e[1] = (unsigned long long)a.rank;
@@ -102,6 +113,17 @@ __device__ bool wait_flag(const int64_t* flag, int64_t value, const Params& a, i
     e[4] = (unsigned long long)value;
     __threadfence_system();
   }
+}
+
+// Bounded acquire wait; on timeout record (rank, peer, mechanism, epoch) once and return false.
+__device__ bool wait_flag(const int64_t* flag, int64_t value, const Params& a, int peer) {
+  if (ld_acquire_sys(flag) == value) return true;
+  const uint64_t t0 = globaltimer();
+  while (true) {
+    if (ld_acquire_sys(flag) == value) return true;
+    if ((int64_t)(globaltimer() - t0) > a.timeout_ns) break;
+  }
+  record_timeout(a, peer, value);
   return false;
 }
 
@@ -114,6 +136,12 @@ __device__ __forceinline__ char* slot_of(const Params& a, int r, int slot) {
 // PUSH slot: source s's finished rows [max_tokens, H, D] (out dtype) start at s * push_region(a, osize).
 __device__ __forceinline__ int64_t push_region(const Params& a, int osize) {
   return a.max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE) * osize;
+}
+// PUSH_LL area (offset from a rank's buffer base) of parity `par`, source `src`: the finished rows as LL
+// lines, output bytes [8q, 8q + 8) of a row in the 16-byte line q = {w0, f, w1, f} (NCCL's LL: an aligned
+// 8-byte {data, flag} word is seen whole, so a reader that sees both flags of a line sees its data).
+__device__ __forceinline__ int64_t ll_region(const Params& a, int par, int src, int osize) {
+  return a.ll_off + (int64_t)(par * a.W + src) * a.ll_max_tokens * a.H * 2 * (int64_t)(a.NOPE + a.ROPE) * osize;
 }
 
 __device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
@@ -233,24 +261,33 @@ __device__ __forceinline__ void load_item(Item& it, const Params& a, const Sourc
 // Store one converted vector at byte `off` of output row `d1`, and (PUB) of the same unit's row in our own
 // slot or in our region of every peer's slot (`row_off`: the unit's row offset in bytes there).
 template <int PUB, typename V>
-__device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, int slot, int64_t off, const V& v) {
+__device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, const Pub& pub, int64_t off,
+                                    const V& v) {
+  constexpr int osize = sizeof(V) == 8 ? 1 : 2;  // a uint2 holds 8 FP8 codes, a uint4 8 bf16 values
   *reinterpret_cast<V*>(static_cast<char*>(d1) + off) = v;
-  if constexpr (PUB == kPubOwn) *reinterpret_cast<V*>(slot_of(a, a.rank, slot) + row_off + off) = v;
+  if constexpr (PUB == kPubOwn) *reinterpret_cast<V*>(slot_of(a, a.rank, pub.slot) + row_off + off) = v;
   if constexpr (PUB == kPubPeers) {
-    constexpr int osize = sizeof(V) == 8 ? 1 : 2;  // a uint2 holds 8 FP8 codes, a uint4 8 bf16 values
     const int64_t mine = (int64_t)a.rank * push_region(a, osize) + row_off + off;
-    for (int i = 1; i < a.W; ++i) *reinterpret_cast<V*>(slot_of(a, (a.rank + i) % a.W, slot) + mine) = v;
+    for (int i = 1; i < a.W; ++i) *reinterpret_cast<V*>(slot_of(a, (a.rank + i) % a.W, pub.slot) + mine) = v;
+  }
+  if constexpr (PUB == kPubPeersLL) {  // 8 output bytes -> one 16-byte LL line (twice for a uint4)
+    const int64_t mine = ll_region(a, pub.slot, a.rank, osize) + 2 * (row_off + off);
+    for (int i = 1; i < a.W; ++i) {
+      uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine);
+      peerdcp::st_volatile_v4(d, v.x, pub.f, v.y, pub.f);
+      if constexpr (osize == 2) peerdcp::st_volatile_v4(d + 1, v.z, pub.f, v.w, pub.f);
+    }
   }
 }
 
 // Convert 8 values and store them at element `off` of the row(s) (FP8: a uint2, bf16: a uint4).
 template <bool FP8, int PUB>
-__device__ __forceinline__ void store8x(const Params& a, void* d1, int64_t row_off, int slot, int64_t off,
+__device__ __forceinline__ void store8x(const Params& a, void* d1, int64_t row_off, const Pub& pub, int64_t off,
                                         const float f[8]) {
   if constexpr (FP8) {
-    put<PUB>(a, d1, row_off, slot, off, to_fp8x8(f, a.quant_scale));
+    put<PUB>(a, d1, row_off, pub, off, to_fp8x8(f, a.quant_scale));
   } else {
-    put<PUB>(a, d1, row_off, slot, 2 * off, to_bf16x8(f));
+    put<PUB>(a, d1, row_off, pub, 2 * off, to_bf16x8(f));
   }
 }
 
@@ -284,22 +321,22 @@ __device__ __forceinline__ uint2 item_fp8_interleaved(const Item& it, const Para
 }
 
 // Rotate / convert a loaded item and store it into row `dst_row` (and, PUB, the publish rows; `row_off`
-// and `slot` locate them, see put()).
+// and `pub` locate them, see put()).
 template <bool NEOX, bool FP8, int PUB>
 __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const CosSin& cs, void* dst_row,
-                                          int64_t row_off, int slot) {
+                                          int64_t row_off, const Pub& pub) {
   const int nv = a.NOPE / 8;
   if constexpr (FP8 && !NEOX) {
-    put<PUB>(a, dst_row, row_off, slot, 8 * (int64_t)it.j, item_fp8_interleaved(it, a, cs));
+    put<PUB>(a, dst_row, row_off, pub, 8 * (int64_t)it.j, item_fp8_interleaved(it, a, cs));
     return;
   }
   if (it.j < nv) {
     if constexpr (FP8) {
       float f[8];
       bf16x8(it.a, f);
-      store8x<true, PUB>(a, dst_row, row_off, slot, (int64_t)it.j * 8, f);
+      store8x<true, PUB>(a, dst_row, row_off, pub, (int64_t)it.j * 8, f);
     } else {
-      put<PUB>(a, dst_row, row_off, slot, 16 * (int64_t)it.j, it.a);  // bf16 nope passes through
+      put<PUB>(a, dst_row, row_off, pub, 16 * (int64_t)it.j, it.a);  // bf16 nope passes through
     }
     return;
   }
@@ -307,7 +344,7 @@ __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const
   if constexpr (!NEOX) {
     float y[8];
     rotate_interleaved(it, a, cs, c, y);
-    store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + 8 * c, y);
+    store8x<FP8, PUB>(a, dst_row, row_off, pub, a.NOPE + 8 * c, y);
   } else {
     const float* row = cs.row(a, it.t);
     const int half = a.ROPE / 2;
@@ -321,8 +358,8 @@ __device__ __forceinline__ void emit_item(const Item& it, const Params& a, const
       y0[i] = rot0(x0[i], x1[i], cv, sv);
       y1[i] = rot1(x0[i], x1[i], cv, sv);
     }
-    store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + 8 * c, y0);
-    store8x<FP8, PUB>(a, dst_row, row_off, slot, a.NOPE + half + 8 * c, y1);
+    store8x<FP8, PUB>(a, dst_row, row_off, pub, a.NOPE + 8 * c, y0);
+    store8x<FP8, PUB>(a, dst_row, row_off, pub, a.NOPE + half + 8 * c, y1);
   }
 }
 
@@ -331,9 +368,9 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
 }
 
 // Rotate/convert units [u0, u1) of every source into the output (and, PUB, into the publish rows of
-// slot `slot`: ROPED our own slot, PUSH our region of every peer's slot).
+// `pub`: ROPED our own slot, PUSH our region of every peer's slot, PUSH_LL of every peer's LL area).
 template <bool NEOX, bool FP8, bool CG, int PUB>
-__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, int slot) {
+__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, const Pub& pub) {
   constexpr int osize = FP8 ? 1 : 2;
   const int D = a.NOPE + a.ROPE;
   const int n = src.count * (u1 - u0) * items_per_unit<NEOX>(a);
@@ -349,7 +386,7 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
     for (int k = 0; k < kUnroll; ++k) {
       if (it[k].j < 0) continue;
       const int64_t row_off = ((int64_t)it[k].t * a.H + it[k].h) * D * osize;
-      emit_item<NEOX, FP8, PUB>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row_off, slot);
+      emit_item<NEOX, FP8, PUB>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row_off, pub);
     }
   }
 }
@@ -381,6 +418,64 @@ __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* 
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       if (valid[k]) *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + dst_off[k]) = v[k];
+    }
+  }
+}
+
+// PUSH_LL consume: the peers' lines of units [u0, u1) from our LL area (parity `par`) into the output at
+// widened heads s*H + h, 8 output bytes per 16-byte line, each taken once both of its flags equal `f`.
+// Each thread polls its own lines (kUnroll at a time, all in flight) against one deadline for the whole
+// call; on timeout it records the error once and leaves the missing rows (the host raises).
+__device__ void copy_rows_ll(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
+  const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
+  const int nq = (int)(row_bytes / 8);  // lines per row
+  const int per_src = (u1 - u0) * nq;
+  const int n = (a.W - 1) * per_src;
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    const uint4* src[kUnroll];
+    int64_t dst_off[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      const int s = (a.rank + 1 + idx / per_src) % a.W;
+      const int rem = idx % per_src;
+      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+      src[k] = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(a.peers.base[a.rank]) +
+                                              ll_region(a, par, s, osize)) + (int64_t)u * nq + q;
+      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 8 * (int64_t)q;
+      peer[k] = s;
+    }
+    while (true) {
+      bool pending = false;
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (!need[k]) continue;
+        const uint4 w = peerdcp::ld_volatile_v4(src[k]);
+        if (w.y == f && w.w == f) {
+          *reinterpret_cast<uint2*>(static_cast<char*>(a.out) + dst_off[k]) = make_uint2(w.x, w.z);
+          need[k] = false;
+        } else {
+          pending = true;
+        }
+      }
+      if (!pending) break;
+      if (t0 == 0) t0 = globaltimer();
+      if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
+        for (int k = 0; k < kUnroll; ++k) {
+          if (need[k]) {
+            record_timeout(a, peer[k], (int64_t)f);
+            break;
+          }
+        }
+        expired = true;  // stop polling: one timeout bounds the whole call
+        break;
+      }
     }
   }
 }
@@ -460,6 +555,8 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   const int par = (int)(e & 1);
   const int slot = MODE == kExposed ? kSlotZ : par;
   char* my_slot = slot_of(a, a.rank, slot);
+  // PUSH_LL flag word: odd, distinct from the call e - 2 that used the same parity area and from zero
+  const Pub pub{slot, (uint32_t)(2 * e + 1)};
 
   // ---- publish
   if constexpr (MODE == kRaw) {
@@ -481,14 +578,20 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     }
   } else if constexpr (MODE == kRoped) {
     const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, slot);
+    compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kPush) {
     // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
     const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
     // (8-byte FP8 stores: pairing two lanes' codes into one 16-byte store by a shuffle measured 25-35 %
     // slower at T >= 32, 2026-11-30 session 6)
-    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, slot);
+    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, pub);
+  } else if constexpr (MODE == kPushLL) {
+    // the flag travels inside every 8-byte word: no fence, no ready flag, no barrier
+    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+    compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub);
+    if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
+    return;
   }
   __syncthreads();  // every thread's publish stores precede the release below
   if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier
@@ -497,12 +600,12 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   // ---- own rows while the flags fly
   if constexpr (MODE == kRaw) {
     const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, slot);
+    compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kExposed) {
     const Sources own{reinterpret_cast<const uint16_t*>(my_slot),
                       reinterpret_cast<const uint16_t*>(my_slot + pe_region_bytes),
                       (int64_t)H * a.NOPE, a.NOPE, (int64_t)H * a.ROPE, a.ROPE, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, slot);
+    compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, pub);
   }
 
   // ---- wait: one thread per peer polls its flag (all peers at once)
@@ -519,7 +622,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       copy_rows<MODE == kPush>(a, u0, u1, slot, ok_sh, osize);
     } else {
       const Sources peers{nullptr, nullptr, 0, 0, 0, 0, -1, W - 1, slot, ok_sh};
-      compute_units<NEOX, FP8, true, kPubNone>(a, cs, u0, u1, peers, slot);
+      compute_units<NEOX, FP8, true, kPubNone>(a, cs, u0, u1, peers, pub);
     }
   }
   if constexpr (MODE == kExposed) {
@@ -568,8 +671,8 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
                                     void* out, const uint64_t* peer_addrs, int64_t* epochs, int64_t* last_z,
                                     void* err, int64_t timeout_ns, float quant_scale, int T, int rank, int W, int H,
                                     int HOUT, int NOPE, int ROPE, int64_t max_tokens, int64_t data_off,
-                                    int64_t slot_bytes, int nprog, int mode, int neox, int fp8, int mech,
-                                    cudaStream_t stream) {
+                                    int64_t slot_bytes, int64_t ll_off, int64_t ll_max_tokens, int nprog, int mode,
+                                    int neox, int fp8, int mech, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || NOPE % 16 || ROPE % 16 || nprog < 1) return (int)cudaErrorInvalidValue;
   Params a{};
   a.q_nope = static_cast<const uint16_t*>(q_nope);
@@ -584,6 +687,7 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.T = T, a.rank = rank, a.W = W, a.H = H, a.HOUT = HOUT, a.NOPE = NOPE, a.ROPE = ROPE;
   a.nprog = nprog, a.mech = mech;
   a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
+  a.ll_off = ll_off, a.ll_max_tokens = ll_max_tokens;
   if (T <= 0) return (int)cudaSuccess;
   const bool pdl = (mode & kModePdl) != 0;
   switch (mode & ~kModePdl) {
@@ -595,6 +699,9 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
       return (int)launch_mode<kExposed>(a, neox != 0, fp8 != 0, pdl, stream);
     case kPush:
       return (int)launch_mode<kPush>(a, neox != 0, fp8 != 0, pdl, stream);
+    case kPushLL:
+      if (T > ll_max_tokens) return (int)cudaErrorInvalidValue;  // the LL area holds ll_max_tokens rows
+      return (int)launch_mode<kPushLL>(a, neox != 0, fp8 != 0, pdl, stream);
     default:
       return (int)cudaErrorInvalidValue;
   }

@@ -309,7 +309,7 @@ def back_to_back(
         device=dev,
     ) as qg:
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
-        names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push"}
+        names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
         info["modes"] = sorted({"exposed" if e else names[qg._copy_mode(T)] for T, e in plan})
         for i, (T, exposed) in enumerate(plan):
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
@@ -499,20 +499,23 @@ def lifecycle(cycles: int) -> dict:
 def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: int = 16, n_sets: int = 8) -> dict:
     """One gather captured in a CUDA graph and replayed ``replays`` times with changing inputs and positions
     (``n_sets`` sets rotated through static buffers), the output poisoned before every replay and checked
-    on the device after it; the ranks replay independently (no barrier, no host sync in the loop)."""
+    on the device after it; the ranks replay independently (no barrier, no host sync in the loop).
+    ``mode`` raw | roped | push (with the CUDA kernel's LL protocol at this T) | push_plain (LL off) | exposed;
+    ``copy_mode`` in the result is the kernel mode the calls used."""
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
-    ex = mode if mode in ("roped", "push") else "raw"
-    qg = QueryGather(
-        max_tokens=T,
-        heads_per_rank=H,
-        backend="direct",
-        memory=memory,
-        impl=impl,
-        exchange=ex,
-        pad_heads_to=64 if W * H <= 64 else None,
-        device=dev,
-    )
+    ex = {"roped": "roped", "push": "push", "push_plain": "push"}.get(mode, "raw")
+    with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_tokens": 0} if mode == "push_plain" else {}):
+        qg = QueryGather(
+            max_tokens=T,
+            heads_per_rank=H,
+            backend="direct",
+            memory=memory,
+            impl=impl,
+            exchange=ex,
+            pad_heads_to=64 if W * H <= 64 else None,
+            device=dev,
+        )
     sets, expected, cs_cpu = [], [], cs.cpu()
     for k in range(n_sets):
         nopes, pes, pos = make_inputs(700 + k, W, T, H, 512, 64, cs.shape[0])
@@ -565,6 +568,7 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
         "impl": qg.impl,
         "memory": qg.memory,
         "seconds": dt,
+        "copy_mode": qg._copy_mode(T),
     }
     del g
     qg.close()

@@ -11,6 +11,8 @@ import rankfns_query as fns
 import torch
 from conftest import GPU_WORLD
 
+from peerdcp.query import kernels as K
+
 pytestmark = pytest.mark.multigpu
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
@@ -63,7 +65,7 @@ def test_gpu_each_path_T256_H32(gpool, impl, exchange):
         assert r["seconds"] < 20, r
 
 
-@pytest.mark.parametrize("mode", ["raw", "roped", "push", "exposed"])
+@pytest.mark.parametrize("mode", ["raw", "roped", "push", "push_plain", "exposed"])
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
@@ -71,14 +73,19 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
     for r in res:
         assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == 10_000, r
         assert r["impl"] == impl and r["memory"] == memory, r
+        if mode == "push":  # T = 8: the CUDA kernel's LL protocol (the Triton twin has none)
+            assert r["copy_mode"] == (K.MODE_PUSH_LL if impl == "cuda" else K.MODE_PUSH), r
+        if mode == "push_plain":
+            assert r["copy_mode"] == K.MODE_PUSH, r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_back_to_back_eager(gpool, impl):
-    # raw for T <= 8, push above, every third call zero-copy: the three share one object's slots
+    # raw for T <= 8, push above (CUDA: LL up to 16), every third call zero-copy, in one object
     for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl=impl, memory="vmm", raw_max=8):
         assert r["bad"] == [] and r["impl"] == impl, r
-        assert r["modes"] == ["exposed", "push", "raw"], r
+        want = ["exposed", "push", "push_ll", "raw"] if impl == "cuda" else ["exposed", "push", "raw"]
+        assert r["modes"] == want, r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])

@@ -64,7 +64,9 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # why the protocol is unchanged); 0 turns it off. Measured on 2 x H200 (bench.query, 32 heads/rank, FP8,
 # graph, same run, 2026-11-30 session 5): with / without PDL 5.54 / 5.90 us at T = 1, 8.03 / 8.05 at 8,
 # 9.40 / 9.89 at 32, but 12.31 / 11.35 at 64, 17.76 / 15.49 at 128, 28.74 / 27.27 at 256 (cause not measured).
-TUNING = {"cuda_pdl_max_tokens": 32}
+# "cuda_ll_max_tokens" (read at construction): push calls with T <= this run the CUDA kernel's LL protocol
+# (flags inside the data, no fence or ready flag; twice the bytes), in an LL area of that many tokens; 0 off.
+TUNING = {"cuda_pdl_max_tokens": 32, "cuda_ll_max_tokens": 16}
 
 
 class QueryGather:
@@ -91,7 +93,8 @@ class QueryGather:
         exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"push"``
             (the producer rotates and converts its rows and stores them into every consumer's slot: NVLink
-            stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot),
+            stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot;
+            the CUDA kernel sends calls with T <= ``TUNING["cuda_ll_max_tokens"]`` with NCCL's LL protocol),
             ``"auto"`` (push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2, or
             W = 4 with FP8 - for T > ``AUTO_PUSH_RAW_MAX_TOKENS``; otherwise raw for T <=
             ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
@@ -203,6 +206,7 @@ class QueryGather:
         self._gpu = on_gpu(dev)
         self._exposed_T: int | None = None
         self._push_slots = False  # direct: slots 0/1 sized for the push exchange (set below)
+        self._ll_max = 0  # direct, CUDA, push: calls with T <= this use the LL protocol
 
         reasons: list[str] = []
         chosen = backend
@@ -236,6 +240,10 @@ class QueryGather:
             else:
                 rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
             reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
+            if self._push_slots and self.impl == "cuda":
+                self._ll_max = min(max_tokens, int(TUNING["cuda_ll_max_tokens"]))
+                if self._ll_max:
+                    reasons.append(f"LL protocol for push calls with T <= {self._ll_max}")
             self._setup_direct(num_programs)
         else:
             self._setup_allgather()
@@ -356,8 +364,11 @@ class QueryGather:
             slot_bytes = max(raw_bytes, W * K.push_region_bytes(self.max_tokens, H, self.head_dim, osize))
         self._slot_bytes = -(-slot_bytes // 256) * 256
         self._data_off = K.header_bytes(NP, W)
-        # slots 0 and 1 (parity; any exchange), then slot Z (exposed: a raw slot, the last one)
-        nbytes = self._data_off + 2 * self._slot_bytes + raw_bytes
+        # slots 0 and 1 (parity; any exchange), slot Z (exposed: a raw slot), then the LL area of the CUDA
+        # push calls with T <= _ll_max: [2 parity][W src][_ll_max][H][2 * D * out-size] bytes
+        self._ll_off = -(-(self._data_off + 2 * self._slot_bytes + raw_bytes) // 256) * 256
+        ll_bytes = 2 * W * self._ll_max * H * 2 * self.head_dim * self.out_dtype.itemsize
+        nbytes = self._ll_off + ll_bytes
         self._buf = _memory.allocate(nbytes, info.group, memory=self.memory, device=dev)
         self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
         self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
@@ -586,6 +597,8 @@ class QueryGather:
                 ex = "raw" if T <= AUTO_PUSH_RAW_MAX_TOKENS else "push"
             else:
                 ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else "roped"
+        if ex == "push" and self._ll_max >= T:
+            return K.MODE_PUSH_LL
         return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[ex]
 
     # ---------------------------------------------------------------------------------- launches
@@ -618,6 +631,8 @@ class QueryGather:
                 self.max_tokens,
                 self._data_off,
                 self._slot_bytes,
+                self._ll_off,
+                self._ll_max,
                 self.num_programs,
                 mode | pdl,
                 self.rope_style == "neox",

@@ -78,6 +78,7 @@ __all__ = [
     "MODE_ROPED",
     "MODE_EXPOSED",
     "MODE_PUSH",
+    "MODE_PUSH_LL",
     "SLOT_Z",
     "push_region_bytes",
     "header_bytes",
@@ -90,6 +91,7 @@ MODE_RAW = 0
 MODE_ROPED = 1
 MODE_EXPOSED = 2
 MODE_PUSH = 3
+MODE_PUSH_LL = 4  # CUDA kernel only: push with flags inside the data (csrc/query_direct.cu), T <= the LL bound
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)

@@ -55,6 +55,8 @@ def load() -> ctypes.CDLL:
         _i64,
         _i64,
         _i64,  # max_tokens, data_off, slot_bytes
+        _i64,
+        _i64,  # ll_off, ll_max_tokens
         _i32,
         _i32,
         _i32,
@@ -92,7 +94,9 @@ def _query_direct_op(
     quant_scale: float,
     geometry: list[int],
 ) -> None:
-    T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, nprog, mode, neox, mech = geometry
+    T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max, nprog, mode, neox, mech = (
+        geometry
+    )
     lib = load()
     stream = torch.cuda.current_stream(out.device).cuda_stream
     err = lib.peerdcp_query_direct(
@@ -123,6 +127,8 @@ def _query_direct_op(
         max_tokens,
         data_off,
         slot_bytes,
+        ll_off,
+        ll_max,
         nprog,
         mode,
         neox,
@@ -187,6 +193,8 @@ def query_direct(
     max_tokens,
     data_off,
     slot_bytes,
+    ll_off,
+    ll_max_tokens,
     nprog,
     mode,
     neox,
@@ -205,7 +213,8 @@ def query_direct(
         err_addr,
         timeout_ns,
         quant_scale,
-        [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, nprog, mode, int(neox), mech],
+        [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max_tokens, nprog, mode]
+        + [int(neox), mech],
     )
 
 

@@ -284,14 +284,23 @@ def check_matrix(results: list, names: list[str], memory: str, impls=("triton",)
 
 # ---------------------------------------------------------------------------------- back to back
 def back_to_back(
-    n_calls: int, H: int = 2, max_T: int = 7, impl: str = "triton", memory: str = "auto", raw_max: int | None = None
+    n_calls: int,
+    H: int = 2,
+    max_T: int = 7,
+    impl: str = "triton",
+    memory: str = "auto",
+    raw_max: int | None = None,
+    ll_max: int | None = None,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
-    ``modes`` names the exchanges used."""
+    ``ll_max`` overrides ``TUNING["cuda_ll_max_tokens"]``; ``modes`` names the exchanges used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
+            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max)
+    if ll_max is not None:
+        with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_tokens": ll_max}):
             return back_to_back(n_calls, H, max_T, impl, memory)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)

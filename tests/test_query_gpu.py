@@ -82,7 +82,7 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_back_to_back_eager(gpool, impl):
     # raw for T <= 8, push above (CUDA: LL up to 16), every third call zero-copy, in one object
-    for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl=impl, memory="vmm", raw_max=8):
+    for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl=impl, memory="vmm", raw_max=8, ll_max=16):
         assert r["bad"] == [] and r["impl"] == impl, r
         want = ["exposed", "push", "push_ll", "raw"] if impl == "cuda" else ["exposed", "push", "raw"]
         assert r["modes"] == want, r

@@ -66,7 +66,7 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # 9.40 / 9.89 at 32, but 12.31 / 11.35 at 64, 17.76 / 15.49 at 128, 28.74 / 27.27 at 256 (cause not measured).
 # "cuda_ll_max_tokens" (read at construction): push calls with T <= this run the CUDA kernel's LL protocol
 # (flags inside the data, no fence or ready flag; twice the bytes), in an LL area of that many tokens; 0 off.
-TUNING = {"cuda_pdl_max_tokens": 32, "cuda_ll_max_tokens": 16}
+TUNING = {"cuda_pdl_max_tokens": 32, "cuda_ll_max_tokens": 64}
 
 
 class QueryGather:

@@ -62,8 +62,8 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     v.append(("direct-cuda-auto-vmm-nopdl", dict(cu, tuning={"cuda_pdl_max_tokens": 0})))
     v.append(("direct-cuda-auto-vmm-allpdl", dict(cu, tuning={"cuda_pdl_max_tokens": 1 << 30})))
-    v.append(("direct-cuda-auto-vmm-noll", dict(cu, tuning={"cuda_ll_max_tokens": 0})))
-    v.append(("direct-cuda-auto-vmm-allll", dict(cu, tuning={"cuda_ll_max_tokens": 1 << 30})))
+    v.append(("direct-cuda-auto-vmm-noll", dict(cu, tuning={"cuda_ll_max_bytes": 0})))
+    v.append(("direct-cuda-auto-vmm-allll", dict(cu, tuning={"cuda_ll_max_bytes": 1 << 40})))
     if quick:
         keep = {
             "direct-cuda-auto-vmm",

@@ -295,12 +295,13 @@ def back_to_back(
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
-    ``ll_max`` overrides ``TUNING["cuda_ll_max_tokens"]``; ``modes`` names the exchanges used."""
+    ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, FP8 rows of
+    nope 512 + rope 64); ``modes`` names the exchanges used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
             return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max)
     if ll_max is not None:
-        with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_tokens": ll_max}):
+        with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_bytes": ll_max * H * 576}):
             return back_to_back(n_calls, H, max_T, impl, memory)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
@@ -514,7 +515,7 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     ex = {"roped": "roped", "push": "push", "push_plain": "push"}.get(mode, "raw")
-    with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_tokens": 0} if mode == "push_plain" else {}):
+    with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_bytes": 0} if mode == "push_plain" else {}):
         qg = QueryGather(
             max_tokens=T,
             heads_per_rank=H,

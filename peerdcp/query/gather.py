@@ -64,9 +64,14 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # why the protocol is unchanged); 0 turns it off. Measured on 2 x H200 (bench.query, 32 heads/rank, FP8,
 # graph, same run, 2026-11-30 session 5): with / without PDL 5.54 / 5.90 us at T = 1, 8.03 / 8.05 at 8,
 # 9.40 / 9.89 at 32, but 12.31 / 11.35 at 64, 17.76 / 15.49 at 128, 28.74 / 27.27 at 256 (cause not measured).
-# "cuda_ll_max_tokens" (read at construction): push calls with T <= this run the CUDA kernel's LL protocol
-# (flags inside the data, no fence or ready flag; twice the bytes), in an LL area of that many tokens; 0 off.
-TUNING = {"cuda_pdl_max_tokens": 32, "cuda_ll_max_tokens": 64}
+# "cuda_ll_max_bytes" (read at construction): push calls whose finished rows per source (T * H * D * out-size)
+# fit in this many bytes run the CUDA kernel's LL protocol (flags inside the data: no fence, no ready flag,
+# twice the bytes), in an LL area of that many tokens; 0 turns it off. Measured on 2 x H200 (bench.query, 32
+# heads/rank, graph, 2026-11-30 session 6, LL / plain push): FP8 3.43 / 5.20 us at T = 1, 4.26 / 6.73 at 8,
+# 7.12 / 8.75 at 32, 11.11 / 11.60 at 64, but 14.75 / 13.57 at 96; BF16 7.01 / 8.51 at T = 16, 11.31 / 11.00
+# at 32, 15.64 / 13.09 at 48. The crossover sits near the same bytes for both (~1.2 MB), hence a byte bound:
+# 64 tokens of 32 FP8 heads of 576 (32 BF16 tokens).
+TUNING = {"cuda_pdl_max_tokens": 32, "cuda_ll_max_bytes": 64 * 32 * 576}
 
 
 class QueryGather:
@@ -94,7 +99,8 @@ class QueryGather:
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"push"``
             (the producer rotates and converts its rows and stores them into every consumer's slot: NVLink
             stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot;
-            the CUDA kernel sends calls with T <= ``TUNING["cuda_ll_max_tokens"]`` with NCCL's LL protocol),
+            the CUDA kernel sends calls of at most ``TUNING["cuda_ll_max_bytes"]`` per source with NCCL's
+            LL protocol),
             ``"auto"`` (push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2, or
             W = 4 with FP8 - for T > ``AUTO_PUSH_RAW_MAX_TOKENS``; otherwise raw for T <=
             ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
@@ -241,7 +247,8 @@ class QueryGather:
                 rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
             reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
             if self._push_slots and self.impl == "cuda":
-                self._ll_max = min(max_tokens, int(TUNING["cuda_ll_max_tokens"]))
+                row_bytes = H * self.head_dim * out_dtype.itemsize  # one token's finished rows
+                self._ll_max = min(max_tokens, int(TUNING["cuda_ll_max_bytes"]) // row_bytes)
                 if self._ll_max:
                     reasons.append(f"LL protocol for push calls with T <= {self._ll_max}")
             self._setup_direct(num_programs)

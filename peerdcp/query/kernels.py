@@ -40,6 +40,9 @@ Modes (constexpr MODE):
   conversion; no remote loads), signals; the consumers copy the rows the peers stored into their own
   slot. Same two-slot argument as the copy modes below: every access of call e to any slot of parity k
   (by its owner or a peer) finishes before any access of call e + 2, whichever modes the calls use.
+* ``MODE_PUSH_LL`` (CUDA kernel only, small calls): the push publish with NCCL's LL protocol - every 8
+  output bytes travel with their flag in one 16-byte line into a separate LL area, and consumers poll the
+  lines instead of a ready flag (``csrc/query_direct.cu``); this Triton kernel never receives it.
 * ``MODE_EXPOSED`` (zero-copy): the caller already wrote its bf16 shard into slot Z (the views of
   ``QueryGather.exposed_shard``); program p only signals, then consumes like RAW from the peers'
   slot Z, and acknowledges each peer after reading it.

@@ -291,18 +291,19 @@ def back_to_back(
     memory: str = "auto",
     raw_max: int | None = None,
     ll_max: int | None = None,
+    out_dtype: torch.dtype = FP8,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
-    ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, FP8 rows of
-    nope 512 + rope 64); ``modes`` names the exchanges used."""
+    ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
+    + rope 64); ``modes`` names the exchanges used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max)
+            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype)
     if ll_max is not None:
-        with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_bytes": ll_max * H * 576}):
-            return back_to_back(n_calls, H, max_T, impl, memory)
+        with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_bytes": ll_max * H * 576 * out_dtype.itemsize}):
+            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     g = torch.Generator().manual_seed(99)
@@ -315,6 +316,7 @@ def back_to_back(
         memory=memory,
         impl=impl,
         exchange="auto",
+        out_dtype=out_dtype,
         pad_heads_to=64 if W * H <= 64 else None,
         device=dev,
     ) as qg:
@@ -338,7 +340,7 @@ def back_to_back(
     bad = []
     for i, ((T, exposed), out) in enumerate(zip(plan, kept)):
         nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0])
-        ref = widened_query(nopes, pes, pos, cs.cpu(), pad_heads_to=out.shape[1])
+        ref = widened_query(nopes, pes, pos, cs.cpu(), out_dtype=out_dtype, pad_heads_to=out.shape[1])
         if not torch.equal(out.cpu().view(torch.uint8), ref.view(torch.uint8)):
             bad.append((i, T, exposed))
     info.update(calls=n_calls, bad=bad, tokens=sorted({T for T, _ in plan}), exposed=sum(e for _, e in plan))

@@ -88,6 +88,14 @@ def test_gpu_back_to_back_eager(gpool, impl):
         assert r["modes"] == want, r
 
 
+def test_gpu_back_to_back_eager_bf16_auto(gpool):
+    """BF16 at W = 2 has no push slots: auto sends LL push up to the LL bound and roped above; with
+    zero-copy calls mixed in, one object, no barrier."""
+    for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl="cuda", memory="vmm", ll_max=16, out_dtype=BF16):
+        assert r["bad"] == [] and r["impl"] == "cuda", r
+        assert r["modes"] == ["exposed", "push_ll", "roped"], r
+
+
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_missing_peer_times_out(gpool, impl):
     res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl)

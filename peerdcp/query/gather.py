@@ -55,8 +55,10 @@ AUTO_PUSH_RAW_MAX_TOKENS = 0
 # 5.81 / 8.57 / 10.06 / 11.27 / 27.29 us at T = 1 / 8 / 32 / 64 / 256.
 AUTO_RAW_MAX_TOKENS = 8
 # exchange="auto" sizes slots 0/1 for push when that costs at most PUSH_AUTO_MAX_GROWTH times a raw slot (a
-# push slot holds W sources' rows of the out dtype: W * out-size / 2 raw slots; 1x for W = 2 FP8).
-PUSH_AUTO_MAX_GROWTH = 2
+# push slot holds W sources' rows of the out dtype: W * out-size / 2 raw slots; 1x for W = 2 FP8). 1: only
+# where push is free. W = 2 BF16 (2x) stays on roped above the LL bound, where roped measured 0.4-1.2 us
+# faster than plain push at T = 32-128 (session 6, calls 3 and 9).
+PUSH_AUTO_MAX_GROWTH = 1
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # read at construction: calls with T <= "cuda_pdl_max_tokens" launch the CUDA direct kernel with
@@ -101,9 +103,10 @@ class QueryGather:
             stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot;
             the CUDA kernel sends calls of at most ``TUNING["cuda_ll_max_bytes"]`` per source with NCCL's
             LL protocol),
-            ``"auto"`` (push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2, or
-            W = 4 with FP8 - for T > ``AUTO_PUSH_RAW_MAX_TOKENS``; otherwise raw for T <=
-            ``AUTO_RAW_MAX_TOKENS``, else roped). All give the same bytes provided every rank
+            ``"auto"`` (with the CUDA kernel, LL push for calls within the LL bound; above it push where its
+            slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2 with FP8 - else raw for T <=
+            ``AUTO_RAW_MAX_TOKENS`` and roped above; see ``_copy_mode``). All give the same bytes provided
+            every rank
             passes the same ``positions`` and ``cos_sin_cache`` (as in DCP, where every rank holds every token):
             raw and allgather rotate every row with the *caller's* positions, roped and push with the
             *producer's*.
@@ -241,16 +244,18 @@ class QueryGather:
             osize = 1 if out_dtype == torch.float8_e4m3fn else 2
             growth = self.world_size * osize / 2
             self._push_slots = exchange == "push" or (exchange == "auto" and growth <= PUSH_AUTO_MAX_GROWTH)
+            if exchange in ("auto", "push") and self.impl == "cuda":  # the LL area needs no push slots
+                row_bytes = H * self.head_dim * out_dtype.itemsize  # one token's finished rows
+                self._ll_max = min(max_tokens, int(TUNING["cuda_ll_max_bytes"]) // row_bytes)
             if self._push_slots:
                 rule = f"raw for T <= {AUTO_PUSH_RAW_MAX_TOKENS}, else push" if AUTO_PUSH_RAW_MAX_TOKENS else "push"
             else:
                 rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
+            if self._ll_max:
+                rule = f"LL push for T <= {self._ll_max}, then " + rule
             reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
-            if self._push_slots and self.impl == "cuda":
-                row_bytes = H * self.head_dim * out_dtype.itemsize  # one token's finished rows
-                self._ll_max = min(max_tokens, int(TUNING["cuda_ll_max_bytes"]) // row_bytes)
-                if self._ll_max:
-                    reasons.append(f"LL protocol for push calls with T <= {self._ll_max}")
+            if self._ll_max and exchange == "push":
+                reasons.append(f"LL protocol for T <= {self._ll_max}")
             self._setup_direct(num_programs)
         else:
             self._setup_allgather()
@@ -598,12 +603,17 @@ class QueryGather:
         return out
 
     def _copy_mode(self, T: int) -> int:
+        """The kernel mode of a copy call with T tokens (the same on every rank: it depends on T and on
+        arguments every rank agreed on)."""
         ex = self.exchange
         if ex == "auto":
+            if self._push_slots and T <= AUTO_PUSH_RAW_MAX_TOKENS:
+                return K.MODE_RAW
+            if self._ll_max >= T:
+                return K.MODE_PUSH_LL
             if self._push_slots:
-                ex = "raw" if T <= AUTO_PUSH_RAW_MAX_TOKENS else "push"
-            else:
-                ex = "raw" if T <= AUTO_RAW_MAX_TOKENS else "roped"
+                return K.MODE_PUSH
+            return K.MODE_RAW if T <= AUTO_RAW_MAX_TOKENS else K.MODE_ROPED
         if ex == "push" and self._ll_max >= T:
             return K.MODE_PUSH_LL
         return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[ex]

@@ -38,7 +38,15 @@ from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from . import kernels as K
 from .reference import ROPE_STYLES, widened_query
 
-__all__ = ["QueryGather", "BACKENDS", "IMPLS", "EXCHANGES", "AUTO_RAW_MAX_TOKENS", "AUTO_PUSH_RAW_MAX_TOKENS"]
+__all__ = [
+    "QueryGather",
+    "copy_mode",
+    "BACKENDS",
+    "IMPLS",
+    "EXCHANGES",
+    "AUTO_RAW_MAX_TOKENS",
+    "AUTO_PUSH_RAW_MAX_TOKENS",
+]
 
 BACKENDS = ("auto", "direct", "allgather")
 IMPLS = ("auto", "cuda", "triton", "torch")
@@ -74,6 +82,27 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # at 32, 15.64 / 13.09 at 48. The crossover sits near the same bytes for both (~1.2 MB), hence a byte bound:
 # 64 tokens of 32 FP8 heads of 576 (32 BF16 tokens).
 TUNING = {"cuda_pdl_max_tokens": 32, "cuda_ll_max_bytes": 64 * 32 * 576}
+
+
+def copy_mode(exchange: str, tokens: int, *, push_slots: bool, ll_max: int) -> int:
+    """The direct kernel's mode (``kernels.MODE_*``) for a copy call of ``tokens`` >= 1 tokens: a pure
+    function of the call's size and of what every rank agreed on at construction, so every rank picks the
+    same mode.
+
+    ``exchange``: the object's exchange; ``push_slots``: its parity slots hold push regions; ``ll_max``: the
+    most tokens its CUDA LL area holds (0: none, e.g. the Triton kernel).
+    """
+    if exchange == "auto":
+        if push_slots and tokens <= AUTO_PUSH_RAW_MAX_TOKENS:
+            return K.MODE_RAW
+        if tokens <= ll_max:
+            return K.MODE_PUSH_LL
+        if push_slots:
+            return K.MODE_PUSH
+        return K.MODE_RAW if tokens <= AUTO_RAW_MAX_TOKENS else K.MODE_ROPED
+    if exchange == "push" and tokens <= ll_max:
+        return K.MODE_PUSH_LL
+    return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[exchange]
 
 
 class QueryGather:
@@ -603,20 +632,8 @@ class QueryGather:
         return out
 
     def _copy_mode(self, T: int) -> int:
-        """The kernel mode of a copy call with T tokens (the same on every rank: it depends on T and on
-        arguments every rank agreed on)."""
-        ex = self.exchange
-        if ex == "auto":
-            if self._push_slots and T <= AUTO_PUSH_RAW_MAX_TOKENS:
-                return K.MODE_RAW
-            if self._ll_max >= T:
-                return K.MODE_PUSH_LL
-            if self._push_slots:
-                return K.MODE_PUSH
-            return K.MODE_RAW if T <= AUTO_RAW_MAX_TOKENS else K.MODE_ROPED
-        if ex == "push" and self._ll_max >= T:
-            return K.MODE_PUSH_LL
-        return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[ex]
+        """The kernel mode of a copy call with T tokens (see :func:`copy_mode`)."""
+        return copy_mode(self.exchange, T, push_slots=self._push_slots, ll_max=self._ll_max)
 
     # ---------------------------------------------------------------------------------- launches
     def _launch_direct(self, mode, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:

@@ -1,0 +1,48 @@
+"""The Query gather's exchange policy (``peerdcp.query.gather.copy_mode``): which kernel mode a call of T
+tokens runs, for each exchange and object kind. Pure host logic, no ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from peerdcp.query import gather as G
+from peerdcp.query import kernels as K
+
+
+@pytest.mark.parametrize("T", [1, 2, 8, 9, 16, 63, 64, 65, 256])
+def test_auto_with_push_slots_and_ll(T):
+    # W = 2 FP8 on the CUDA kernel: LL push up to the LL bound, the fenced push above
+    mode = G.copy_mode("auto", T, push_slots=True, ll_max=64)
+    assert mode == (K.MODE_PUSH_LL if T <= 64 else K.MODE_PUSH)
+
+
+@pytest.mark.parametrize("T", [1, 8, 9, 32, 33, 256])
+def test_auto_without_push_slots(T):
+    # W = 2 BF16 on the CUDA kernel (LL bound 32): LL push, then roped; Triton (no LL): raw <= 8, then roped
+    assert G.copy_mode("auto", T, push_slots=False, ll_max=32) == (K.MODE_PUSH_LL if T <= 32 else K.MODE_ROPED)
+    raw = T <= G.AUTO_RAW_MAX_TOKENS
+    assert G.copy_mode("auto", T, push_slots=False, ll_max=0) == (K.MODE_RAW if raw else K.MODE_ROPED)
+
+
+def test_auto_triton_with_push_slots_is_push_everywhere():
+    assert {G.copy_mode("auto", T, push_slots=True, ll_max=0) for T in range(1, 300)} == {K.MODE_PUSH}
+
+
+def test_auto_push_raw_bound_comes_first(monkeypatch):
+    monkeypatch.setattr(G, "AUTO_PUSH_RAW_MAX_TOKENS", 4)
+    modes = [G.copy_mode("auto", T, push_slots=True, ll_max=16) for T in (1, 4, 5, 16, 17)]
+    assert modes == [K.MODE_RAW, K.MODE_RAW, K.MODE_PUSH_LL, K.MODE_PUSH_LL, K.MODE_PUSH]
+
+
+@pytest.mark.parametrize("T", [1, 16, 17, 512])
+def test_explicit_exchanges(T):
+    assert G.copy_mode("raw", T, push_slots=True, ll_max=16) == K.MODE_RAW
+    assert G.copy_mode("roped", T, push_slots=False, ll_max=16) == K.MODE_ROPED
+    assert G.copy_mode("push", T, push_slots=True, ll_max=16) == (K.MODE_PUSH_LL if T <= 16 else K.MODE_PUSH)
+    assert G.copy_mode("push", T, push_slots=True, ll_max=0) == K.MODE_PUSH
+
+
+def test_ll_bound_is_a_byte_bound():
+    # the default bound: 64 tokens of 32 FP8 heads of 576, the same bytes as 32 BF16 tokens
+    b = G.TUNING["cuda_ll_max_bytes"]
+    assert b // (32 * 576 * 1) == 64 and b // (32 * 576 * 2) == 32 and b // (16 * 576 * 1) == 128

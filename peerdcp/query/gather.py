@@ -116,7 +116,7 @@ class QueryGather:
         rope_style: ``"interleaved"`` (GPT-J pairs; MLA) or ``"neox"`` (half split).
         out_dtype: ``torch.float8_e4m3fn`` (saturating, ``quant_scale`` applied) or ``torch.bfloat16``.
         quant_scale: per-tensor multiplier before the FP8 cast (must be 1.0 for bf16 output).
-        backend: ``"direct"`` (consumer-direct loads of each peer's exposed shard, SGLang's ``vmm_direct``),
+        backend: ``"direct"`` (peer memory: see ``exchange``; SGLang's ``vmm_direct``),
             ``"allgather"`` (all-gather of the bf16 shards, then one fused RoPE + convert kernel), or
             ``"auto"`` (direct when peer memory is eligible on every rank, else allgather; see ``reason``).
         memory: ``"auto" | "vmm" | "symm" | "host"`` for the direct backend's exposed buffer.

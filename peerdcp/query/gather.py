@@ -134,9 +134,9 @@ class QueryGather:
             LL protocol),
             ``"auto"`` (with the CUDA kernel, LL push for calls within the LL bound; above it push where its
             slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2 with FP8 - else raw for T <=
-            ``AUTO_RAW_MAX_TOKENS`` and roped above; see ``_copy_mode``). All give the same bytes provided
-            every rank
-            passes the same ``positions`` and ``cos_sin_cache`` (as in DCP, where every rank holds every token):
+            ``AUTO_RAW_MAX_TOKENS`` and roped above; see :func:`copy_mode`). All give the same bytes provided
+            every rank passes the same ``positions`` and ``cos_sin_cache`` (as in DCP, where every rank holds
+            every token):
             raw and allgather rotate every row with the *caller's* positions, roped and push with the
             *producer's*.
         device: the tensors' device (default: the current CUDA device, else CPU).
@@ -244,7 +244,7 @@ class QueryGather:
         self._gpu = on_gpu(dev)
         self._exposed_T: int | None = None
         self._push_slots = False  # direct: slots 0/1 sized for the push exchange (set below)
-        self._ll_max = 0  # direct, CUDA, push: calls with T <= this use the LL protocol
+        self._ll_max = 0  # direct, CUDA, exchange auto / push: tokens the LL area holds (copy_mode decides)
 
         reasons: list[str] = []
         chosen = backend
@@ -270,8 +270,7 @@ class QueryGather:
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange
-            osize = 1 if out_dtype == torch.float8_e4m3fn else 2
-            growth = self.world_size * osize / 2
+            growth = self.world_size * out_dtype.itemsize / 2  # push slot / raw slot
             self._push_slots = exchange == "push" or (exchange == "auto" and growth <= PUSH_AUTO_MAX_GROWTH)
             if exchange in ("auto", "push") and self.impl == "cuda":  # the LL area needs no push slots
                 row_bytes = H * self.head_dim * out_dtype.itemsize  # one token's finished rows

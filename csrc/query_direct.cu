@@ -51,11 +51,13 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
-constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kSlotZ = 2;
+constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
 // peer's slot (PUSH), our region of every peer's LL area (PUSH_LL).
 constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3;
-constexpr int kModePdl = 8;  // `mode` bit: launch with programmatic dependent launch (see the header)
+constexpr int kModePdl = 8;     // `mode` bit: launch with programmatic dependent launch (see the header)
+constexpr int kModeEarly = 16;  // `mode` bit: PUSH_LL loads its first round of inputs before the barrier
+constexpr int kModeBits = kModePdl | kModeEarly;
 
 struct Peers {
   uint64_t base[kMaxW];
@@ -79,6 +81,8 @@ struct Params {
   int T, rank, W, H, HOUT, NOPE, ROPE, nprog, mech;
   int64_t max_tokens, data_off, slot_bytes;
   int64_t ll_off, ll_max_tokens;  // PUSH_LL area: [2 parity][W src][ll_max_tokens][H][2 * D * osize] bytes
+  int64_t ll128_off, ll128_lines; // PUSH_LL128 area: [2 parity][W src][ll128_lines] 128-byte lines
+  int early;                      // PUSH_LL: load the first round of inputs before the epoch / cos-sin barrier
 };
 
 // Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.
@@ -367,14 +371,28 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
   return static_cast<char*>(a.out) + ((int64_t)t * a.HOUT + widened_head) * (int64_t)(a.NOPE + a.ROPE) * osize;
 }
 
-// Rotate/convert units [u0, u1) of every source into the output (and, PUB, into the publish rows of
-// `pub`: ROPED our own slot, PUSH our region of every peer's slot, PUSH_LL of every peer's LL area).
-template <bool NEOX, bool FP8, bool CG, int PUB>
-__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, const Pub& pub) {
+// Emit one loaded round (kUnroll items per thread; items with j < 0 are skipped): rotate/convert each into
+// the output and, PUB, into the publish rows of `pub`.
+template <bool NEOX, bool FP8, int PUB>
+__device__ __forceinline__ void emit_round(const Params& a, const CosSin& cs, const Item (&it)[kUnroll], const Pub& pub) {
   constexpr int osize = FP8 ? 1 : 2;
   const int D = a.NOPE + a.ROPE;
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    if (it[k].j < 0) continue;
+    const int64_t row_off = ((int64_t)it[k].t * a.H + it[k].h) * D * osize;
+    emit_item<NEOX, FP8, PUB>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row_off, pub);
+  }
+}
+
+// Rotate/convert units [u0, u1) of every source into the output (and, PUB, into the publish rows of
+// `pub`: ROPED our own slot, PUSH our region of every peer's slot, PUSH_LL of every peer's LL area),
+// from item `start` on (the items before it were emitted by the caller: see the PUSH_LL early load).
+template <bool NEOX, bool FP8, bool CG, int PUB>
+__device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1, const Sources& src, const Pub& pub,
+                              int start = 0) {
   const int n = src.count * (u1 - u0) * items_per_unit<NEOX>(a);
-  for (int base = threadIdx.x; base < n; base += kThreads * kUnroll) {
+  for (int base = start + threadIdx.x; base < n; base += kThreads * kUnroll) {
     Item it[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -382,12 +400,7 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
       it[k].j = -1;
       if (idx < n) load_item<NEOX, CG>(it[k], a, src, u0, u1, idx);
     }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      if (it[k].j < 0) continue;
-      const int64_t row_off = ((int64_t)it[k].t * a.H + it[k].h) * D * osize;
-      emit_item<NEOX, FP8, PUB>(it[k], a, cs, out_row(a, it[k].t, it[k].s * a.H + it[k].h, osize), row_off, pub);
-    }
+    emit_round<NEOX, FP8, PUB>(a, cs, it, pub);
   }
 }
 
@@ -495,6 +508,47 @@ __device__ __forceinline__ const uint4* raw_item(const Params& a, int u0, int id
   return reinterpret_cast<const uint4*>(a.q_pe + t * a.s_pt + h * a.s_ph) + (j - nv);
 }
 
+// Kernel prologue, every block of every call: PDL wait (the previous grid is complete and visible) and
+// trigger, then bump this block's call counter (only block p touches epochs[p]) into *e_sh.
+__device__ __forceinline__ void enter_call(const Params& a, int p, int64_t* e_sh) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+  if (threadIdx.x == 0) {
+    const int64_t e = a.epochs[p] + 1;
+    a.epochs[p] = e;
+    *e_sh = e;
+  }
+}
+
+// Padding heads [W*H, HOUT): block p zeroes every NPROG-th row.
+__device__ __forceinline__ void zero_padding(const Params& a, int p, int osize) {
+  const int npad = a.HOUT - a.W * a.H;
+  if (npad > 0) {
+    const int vec = (a.NOPE + a.ROPE) * osize / 16;
+    for (int r = p; r < a.T * npad; r += a.nprog) {
+      char* row = static_cast<char*>(out_row(a, r / npad, a.W * a.H + r % npad, osize));
+      for (int j = threadIdx.x; j < vec; j += kThreads) reinterpret_cast<uint4*>(row)[j] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// The cos/sin rows of tokens [t_first, t_last] into shared memory `sh` when they fit (else rows are read
+// from the table per use). The caller's next __syncthreads() publishes them.
+__device__ __forceinline__ CosSin stage_cos_sin(const Params& a, int t_first, int t_last, float* sh) {
+  CosSin cs{nullptr, t_first};
+  const int ntok = t_last - t_first + 1;
+  if (ntok <= kMaxTok && a.ROPE <= kMaxRope) {
+    for (int i = threadIdx.x; i < ntok * a.ROPE; i += kThreads) {
+      const int t = t_first + i / a.ROPE;
+      int64_t pp = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
+      pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);
+      sh[i] = a.cos_sin[pp * a.ROPE + i % a.ROPE];
+    }
+    cs.sh = sh;
+  }
+  return cs;
+}
+
 template <int MODE, bool NEOX, bool FP8>
 __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) {
   constexpr int osize = FP8 ? 1 : 2;
@@ -502,23 +556,8 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   __shared__ int ok_sh[kMaxW];
   __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
   const int p = blockIdx.x, tid = threadIdx.x, W = a.W, H = a.H;
-  const int D = a.NOPE + a.ROPE;
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // PDL: the previous grid is complete and visible
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-  if (tid == 0) {
-    const int64_t e = a.epochs[p] + 1;  // only block p touches epochs[p]
-    a.epochs[p] = e;
-    e_sh = e;
-  }
-  // padding heads [W*H, HOUT): block p zeroes every NPROG-th row
-  const int npad = a.HOUT - W * H;
-  if (npad > 0) {
-    const int vec = D * osize / 16;
-    for (int r = p; r < a.T * npad; r += a.nprog) {
-      char* row = static_cast<char*>(out_row(a, r / npad, W * H + r % npad, osize));
-      for (int j = tid; j < vec; j += kThreads) reinterpret_cast<uint4*>(row)[j] = make_uint4(0, 0, 0, 0);
-    }
-  }
+  enter_call(a, p, &e_sh);
+  zero_padding(a, p, osize);
   const int n_units = a.T * H;
   const int upp = (n_units + a.nprog - 1) / a.nprog;
   const int u0 = p * upp;
@@ -538,18 +577,23 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       if (idx < n_raw) pre[k] = *raw_item(a, u0, idx, pe_region_bytes, pre_off[k]);
     }
   }
-  // cos/sin rows of this block's tokens into shared memory (overlaps the counter load)
-  CosSin cs{nullptr, u0 / H};
-  const int ntok = (u1 - 1) / H - u0 / H + 1;
-  if (ntok <= kMaxTok && a.ROPE <= kMaxRope) {
-    for (int i = tid; i < ntok * a.ROPE; i += kThreads) {
-      const int t = cs.t_first + i / a.ROPE;
-      int64_t pp = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
-      pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);
-      cs_sh[i] = a.cos_sin[pp * a.ROPE + i % a.ROPE];
+  // PUSH_LL with the early bit: the first round of this block's inputs is loaded before anything waits
+  // (epoch, cos/sin), so those latencies overlap (the round is emitted after the barrier)
+  const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+  Item early[kUnroll];
+  if constexpr (MODE == kPushLL) {
+    if (a.early) {
+      const int n = (u1 - u0) * items_per_unit<NEOX>(a);
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int idx = tid + k * kThreads;
+        early[k].j = -1;
+        if (idx < n) load_item<NEOX, false>(early[k], a, own, u0, u1, idx);
+      }
     }
-    cs.sh = cs_sh;
   }
+  // cos/sin rows of this block's tokens into shared memory (overlaps the counter load)
+  const CosSin cs = stage_cos_sin(a, u0 / H, (u1 - 1) / H, cs_sh);
   __syncthreads();
   const int64_t e = e_sh;
   const int par = (int)(e & 1);
@@ -577,19 +621,21 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       }
     }
   } else if constexpr (MODE == kRoped) {
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
     compute_units<NEOX, FP8, false, kPubOwn>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kPush) {
     // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
     // (8-byte FP8 stores: pairing two lanes' codes into one 16-byte store by a shuffle measured 25-35 %
     // slower at T >= 32, 2026-11-30 session 6)
     compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kPushLL) {
     // the flag travels inside every 8-byte word: no fence, no ready flag, no barrier
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
-    compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub);
+    if (a.early) {
+      emit_round<NEOX, FP8, kPubPeersLL>(a, cs, early, pub);
+      compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
+    } else {
+      compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub);
+    }
     if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
     return;
   }
@@ -599,7 +645,6 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
 
   // ---- own rows while the flags fly
   if constexpr (MODE == kRaw) {
-    const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
     compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kExposed) {
     const Sources own{reinterpret_cast<const uint16_t*>(my_slot),
@@ -630,6 +675,255 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     if (tid < W && tid != a.rank && ok_sh[tid])
       st_release_sys(flags_of(a, tid) + 2 * (int64_t)a.nprog * W + (int64_t)p * W + a.rank, e);
     if (tid == 0) a.last_z[p] = e;
+  }
+}
+
+// ------------------------------------------------------------------------------------ PUSH_LL128
+// Medium T (the host picks it for push calls above the LL bound and within the LL128 bound): the push
+// publish with NCCL's LL128 protocol. A source's finished rows, taken as one sequence of 8-byte output
+// words (PW = T * H * D * osize / 8 of them, unit-major as in a push region), travel as 128-byte lines of
+// 15 data words + 1 flag word: lanes 8q .. 8q+7 of a warp store one line with one 16-byte store each,
+// lane 7's upper half is the flag fv = 2e + 1 (64-bit). The consumer loads a line the same way (one 16-byte
+// ld.volatile per lane) and takes it once lane 7 sees fv. No fence, no ready flag, 1/16 of the bytes are
+// flags (LL: 1/2), and each line is copied out as soon as it is there.
+//
+// ASSUMPTION (not in the PTX memory model; NCCL's LL128 makes it and enables the protocol by default on
+// NVLink Hopper; csrc/output_direct.cu's LL128 kernel makes it too): a 128-byte-aligned line written by 8
+// lanes of one warp store instruction is seen whole by a reader's 8-lane load of that line, never torn.
+// Every line store here is that one instruction (the flag enters by a select, a line's 8 lanes are valid
+// or invalid together). A torn line shows up as wrong bytes in the graph-replay tests with changing inputs.
+//
+// Work split: the NL = ceil(PW / 15) lines of a call are divided evenly over the NPROG blocks, the same on
+// every rank; block p publishes its lines of our rows to every peer and copies out the same lines of every
+// peer's rows. Area (at ll128_off): [2 parity][W src][ll128_lines] lines. Two parities suffice by the LL
+// argument (header), which is about whole grids, not blocks (the line split changes with T): a rank writes
+// a peer's parity area k in call e + 2 only after its own call e + 1 finished, which needed lines of that
+// peer's call e + 1, which the peer issues after its call e - the last reader of area k - completed (stream
+// order). fv = 2e + 1 differs from the value of call e - 2 (the area's previous use) and from zero.
+//
+// MEASURED (2 x H200, bench.query, 32 heads/rank, graph, 2026-11-30 session 7): correct (byte-identical
+// matrix, 10,000 graph replays with changing inputs on vmm and symm, back-to-back mixing every exchange,
+// missing peer -> PeerTimeoutError), but a fixed ~6.4 us at T = 1 (LL: 3.5, plain push: 5.0) and ~190 GB/s
+// of payload at the margin (plain push ~270), with weak and with volatile line stores alike - the same
+// fixed cost as csrc/output_direct.cu's LL128 kernel, cause not found. It wins in a band only (FP8 12.68 us
+// at T = 96 against 13.45 for the plain push and 14.90 for LL), which is where the host uses it.
+constexpr int kLineData = 15;                   // data words per 128-byte line (word 15 is the flag)
+constexpr int kLineLanes = 8;                   // lanes per line, 16 bytes each
+constexpr int kGroups = kThreads / kLineLanes;  // lines a block handles per step
+constexpr int kU128 = 4;                        // lines per 8-lane group per round, every load in flight
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ int64_t ll128_region(const Params& a, int par, int src) {
+  return a.ll128_off + (int64_t)(par * a.W + src) * a.ll128_lines * 128;
+}
+
+// One 8-byte output word of a source's rows, loaded: word j of unit (t, h) holds E = 8 / osize output
+// values, from E bf16 inputs (FP8: 16 bytes in `a`; BF16: 8 bytes in a.x, a.y; NeoX rope: the partner
+// half's values in `b`).
+struct WordIn {
+  uint4 a, b;
+  int t, h, j;
+};
+
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ void load_word(WordIn& in, const Params& a, int64_t w) {
+  constexpr int E = FP8 ? 8 : 4;
+  const int wpr = (a.NOPE + a.ROPE) / E;
+  const int64_t u = w / wpr;
+  in.j = (int)(w - u * wpr);
+  in.t = (int)(u / a.H);
+  in.h = (int)(u - (int64_t)in.t * a.H);
+  const int nw = a.NOPE / E;
+  const uint16_t* p0;
+  const uint16_t* p1 = nullptr;
+  if (in.j < nw) {
+    p0 = a.q_nope + in.t * a.s_nt + in.h * a.s_nh + E * in.j;
+  } else {
+    const uint16_t* pe = a.q_pe + in.t * a.s_pt + in.h * a.s_ph;
+    const int pos = E * (in.j - nw), half = a.ROPE / 2;
+    p0 = pe + pos;
+    if (NEOX) {  // pair (i, i + half): x0 = pe[i], x1 = pe[i + half]
+      if (pos < half) {
+        p1 = pe + pos + half;
+      } else {
+        p0 = pe + pos - half;
+        p1 = pe + pos;
+      }
+    }
+  }
+  if constexpr (FP8) {
+    in.a = *reinterpret_cast<const uint4*>(p0);
+    if (NEOX && p1 != nullptr) in.b = *reinterpret_cast<const uint4*>(p1);
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(p0);
+    in.a = make_uint4(v.x, v.y, 0, 0);
+    if (NEOX && p1 != nullptr) {
+      const uint2 v1 = *reinterpret_cast<const uint2*>(p1);
+      in.b = make_uint4(v1.x, v1.y, 0, 0);
+    }
+  }
+}
+
+// The loaded word -> its 8 output bytes, with the same operations (and so the same bits) as emit_item.
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ uint2 finish_word(const WordIn& in, const Params& a, const CosSin& cs) {
+  constexpr int E = FP8 ? 8 : 4;
+  const int nw = a.NOPE / E;
+  float x[8], x1[8], y[8];
+  bf16x8(in.a, x);  // (BF16: elements 4..7 unused)
+  if (in.j < nw) {
+    if constexpr (!FP8) return make_uint2(in.a.x, in.a.y);  // bf16 nope passes through
+    return to_fp8x8(x, a.quant_scale);
+  }
+  const float* row = cs.row(a, in.t);
+  const int pos = E * (in.j - nw), half = a.ROPE / 2;
+  if constexpr (!NEOX) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {  // pairs (2k, 2k + 1), k = pos / 2 + i
+      const float c = row[pos / 2 + i], s = row[half + pos / 2 + i];
+      y[2 * i] = rot0(x[2 * i], x[2 * i + 1], c, s);
+      y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], c, s);
+    }
+  } else {
+    bf16x8(in.b, x1);
+    const bool first = pos < half;  // first half: x0 * c - x1 * s; second: x0 * s + x1 * c
+    const int k0 = first ? pos : pos - half;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const float c = row[k0 + i], s = row[half + k0 + i];
+      y[i] = first ? rot0(x[i], x1[i], c, s) : rot1(x[i], x1[i], c, s);
+    }
+  }
+  if constexpr (FP8) {
+    return to_fp8x8(y, a.quant_scale);
+  } else {
+    const uint4 v = to_bf16x8(y);  // elements 0..3 in v.x, v.y
+    return make_uint2(v.x, v.y);
+  }
+}
+
+// Byte offset in `out` of output word w of source s (unit-major words, wpr per row).
+__device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t w, int wpr) {
+  const int64_t u = w / wpr;
+  const int64_t t = u / a.H, h = u - t * a.H;
+  return ((t * a.HOUT + s * a.H + h) * wpr + (w - u * wpr)) * 8;
+}
+
+template <bool NEOX, bool FP8>
+__global__ void __launch_bounds__(kThreads, 2) query_push_ll128_kernel(const Params a) {
+  constexpr int osize = FP8 ? 1 : 2;
+  constexpr int E = FP8 ? 8 : 4;
+  __shared__ int64_t e_sh;
+  __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
+  const int p = blockIdx.x, tid = threadIdx.x, W = a.W, H = a.H;
+  enter_call(a, p, &e_sh);
+  zero_padding(a, p, osize);
+  const int wpr = (a.NOPE + a.ROPE) / E;
+  const int64_t pw = (int64_t)a.T * H * wpr;
+  const int64_t nl = (pw + kLineData - 1) / kLineData;
+  const int64_t lo = nl * p / a.nprog, hi = nl * (p + 1) / a.nprog;
+  if (lo >= hi) return;  // after bumping the counter: every block counts every call
+  const int64_t w_last = min(hi * kLineData, pw) - 1;
+  const CosSin cs = stage_cos_sin(a, (int)(lo * kLineData / wpr / H), (int)(w_last / wpr / H), cs_sh);
+  __syncthreads();
+  const int64_t e = e_sh;
+  const int par = (int)(e & 1);
+  const uint64_t fv = 2 * (uint64_t)e + 1;
+  const uint32_t flo = (uint32_t)fv, fhi = (uint32_t)(fv >> 32);
+  const int lane = tid & (kLineLanes - 1), g = tid / kLineLanes;
+  const int n = (int)(hi - lo);  // lines of this block (per source)
+  char* const out = static_cast<char*>(a.out);
+
+  // ---- publish: words 15L + 2 lane (+1) of our rows, to our own output and into every peer's area
+  const int64_t mine = ll128_region(a, par, a.rank);
+  for (int base = 0; base < n; base += kGroups * kU128) {
+    WordIn in[kU128][2];
+    bool has[kU128][2];
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      const int64_t L = lo + base + k * kGroups + g;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int64_t w = L * kLineData + 2 * lane + q;
+        has[k][q] = L < hi && (q == 0 || lane < kLineLanes - 1) && w < pw;
+        if (has[k][q]) load_word<NEOX, FP8>(in[k][q], a, w);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      const int64_t L = lo + base + k * kGroups + g;
+      if (L >= hi) continue;  // the same for the 8 lanes of the line
+      uint2 x[2] = {make_uint2(0, 0), make_uint2(0, 0)};
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        if (!has[k][q]) continue;
+        x[q] = finish_word<NEOX, FP8>(in[k][q], a, cs);
+        const int64_t w = L * kLineData + 2 * lane + q;
+        *reinterpret_cast<uint2*>(out + out_word_off(a, a.rank, w, wpr)) = x[q];
+      }
+      // one 16-byte store per lane, one instruction per line; lane 7's upper half is the flag (a select)
+      const bool fl = lane == kLineLanes - 1;
+      const uint4 line = make_uint4(x[0].x, x[0].y, fl ? flo : x[1].x, fl ? fhi : x[1].y);
+      for (int i = 1; i < W; ++i) {
+        char* dst = reinterpret_cast<char*>(a.peers.base[(a.rank + i) % W]) + mine + L * 128;
+        *(reinterpret_cast<uint4*>(dst) + lane) = line;  // weak: st.volatile measured the same (session 7)
+      }
+    }
+  }
+
+  // ---- consume: lines [lo, hi) of every peer's rows in our area, each copied out once lane 7 sees fv.
+  // Warp-collective: a round issues every load first; lines not there yet are reloaded whole (never a mix
+  // of two reads) until the warp's lines are all there, against one deadline per wait; a peer whose line
+  // timed out is dead for this warp from then on (its rows stay as they are, the host raises).
+  const int flag_lane = (tid & 31) | (kLineLanes - 1);
+  const int n_items = (W - 1) * n;
+  const char* area = reinterpret_cast<const char*>(a.peers.base[a.rank]);
+  unsigned dead = 0;  // warp-uniform
+  for (int base = 0; base < n_items; base += kGroups * kU128) {  // the same trip count for every thread
+    uint4 v[kU128];
+    const uint4* src[kU128];
+    int s[kU128];
+    int64_t L[kU128];
+    bool live[kU128];
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      const int item = base + k * kGroups + g;
+      live[k] = item < n_items;
+      s[k] = live[k] ? (a.rank + 1 + item / n) % W : a.rank;
+      L[k] = lo + (live[k] ? item % n : 0);
+      live[k] = live[k] && !((dead >> s[k]) & 1u);
+      src[k] = reinterpret_cast<const uint4*>(area + ll128_region(a, par, s[k]) + L[k] * 128) + lane;
+      v[k] = live[k] ? peerdcp::ld_volatile_v4(src[k]) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      live[k] = live[k] && !((dead >> s[k]) & 1u);  // a peer that timed out earlier in this round
+      bool rdy = __shfl_sync(kFullMask, !live[k] || (v[k].z == flo && v[k].w == fhi), flag_lane);
+      if (!__all_sync(kFullMask, rdy)) {
+        const uint64_t t0 = globaltimer();
+        int spins = 0;
+        while (true) {
+          if (!rdy) v[k] = peerdcp::ld_volatile_v4(src[k]);  // the whole line again
+          rdy = __shfl_sync(kFullMask, !live[k] || (v[k].z == flo && v[k].w == fhi), flag_lane);
+          if (__all_sync(kFullMask, rdy)) break;
+          if (++spins == 64) {
+            spins = 0;
+            const bool late = (int64_t)(globaltimer() - t0) > a.timeout_ns;
+            if (__shfl_sync(kFullMask, late, 0)) break;
+          }
+        }
+        const unsigned lost = __reduce_or_sync(kFullMask, rdy ? 0u : (1u << s[k]));
+        if (lost != 0) {  // timed out: those peers are dead for this warp
+          dead |= lost;
+          if ((tid & 31) == 0) record_timeout(a, __ffs(lost) - 1, (int64_t)fv);
+        }
+      }
+      if (!live[k] || !rdy) continue;
+      const int64_t w = L[k] * kLineData + 2 * lane;
+      if (w < pw) *reinterpret_cast<uint2*>(out + out_word_off(a, s[k], w, wpr)) = make_uint2(v[k].x, v[k].y);
+      if (lane < kLineLanes - 1 && w + 1 < pw)
+        *reinterpret_cast<uint2*>(out + out_word_off(a, s[k], w + 1, wpr)) = make_uint2(v[k].z, v[k].w);
+    }
   }
 }
 
@@ -671,7 +965,8 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
                                     void* out, const uint64_t* peer_addrs, int64_t* epochs, int64_t* last_z,
                                     void* err, int64_t timeout_ns, float quant_scale, int T, int rank, int W, int H,
                                     int HOUT, int NOPE, int ROPE, int64_t max_tokens, int64_t data_off,
-                                    int64_t slot_bytes, int64_t ll_off, int64_t ll_max_tokens, int nprog, int mode,
+                                    int64_t slot_bytes, int64_t ll_off, int64_t ll_max_tokens, int64_t ll128_off,
+                                    int64_t ll128_lines, int nprog, int mode,
                                     int neox, int fp8, int mech, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || NOPE % 16 || ROPE % 16 || nprog < 1) return (int)cudaErrorInvalidValue;
   Params a{};
@@ -688,9 +983,12 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.nprog = nprog, a.mech = mech;
   a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
   a.ll_off = ll_off, a.ll_max_tokens = ll_max_tokens;
+  a.ll128_off = ll128_off, a.ll128_lines = ll128_lines;
+  a.early = (mode & kModeEarly) != 0;
+  if ((mode & kModeEarly) && (mode & ~kModeBits) != kPushLL) return (int)cudaErrorInvalidValue;
   if (T <= 0) return (int)cudaSuccess;
   const bool pdl = (mode & kModePdl) != 0;
-  switch (mode & ~kModePdl) {
+  switch (mode & ~kModeBits) {
     case kRaw:
       return (int)launch_mode<kRaw>(a, neox != 0, fp8 != 0, pdl, stream);
     case kRoped:
@@ -702,6 +1000,14 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
     case kPushLL:
       if (T > ll_max_tokens) return (int)cudaErrorInvalidValue;  // the LL area holds ll_max_tokens rows
       return (int)launch_mode<kPushLL>(a, neox != 0, fp8 != 0, pdl, stream);
+    case kPushLL128: {
+      // the LL128 area holds ll128_lines lines per source: ceil(T * H * D * osize / 8 / 15) of them
+      const int64_t words = (int64_t)T * H * (NOPE + ROPE) * (fp8 ? 1 : 2) / 8;
+      if ((words + kLineData - 1) / kLineData > ll128_lines) return (int)cudaErrorInvalidValue;
+      auto k = neox ? (fp8 ? query_push_ll128_kernel<true, true> : query_push_ll128_kernel<true, false>)
+                    : (fp8 ? query_push_ll128_kernel<false, true> : query_push_ll128_kernel<false, false>);
+      return (int)launch_one(k, a, pdl, stream);
+    }
     default:
       return (int)cudaErrorInvalidValue;
   }

@@ -191,11 +191,26 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
     return Tc, nopes, pes, pos, cs, r32, r64, common
 
 
+# The push exchange's protocols of the CUDA kernel, each forced by its TUNING (read at construction): LL
+# (the default for these small cases), LL128 (LL off) and the fenced plain push (both off).
+CUDA_PUSH = {
+    "push": {},
+    "push_ll128": {"cuda_ll_max_bytes": 0},
+    "push_plain": {"cuda_ll_max_bytes": 0, "cuda_ll128_max_bytes": 0},
+}
+
+
+def direct_paths(impl: str) -> list[str]:
+    """The direct paths :func:`gather_matrix` runs for ``impl`` (exposed = zero-copy)."""
+    return ["raw", "roped", *(CUDA_PUSH if impl == "cuda" else ["push"]), "exposed"]
+
+
 def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto", impls=("triton",)) -> list:
     """For each case, run every path on the same inputs; return per-path comparisons.
 
-    Paths: direct raw / roped / push / exposed (zero-copy) for each direct impl, allgather fused (triton) and
-    allgather torch. Each is compared bitwise with the fp32 reference and bounded by the fp64 one.
+    Paths: direct raw / roped / push / exposed (zero-copy) for each direct impl (CUDA: push with each of its
+    protocols, :data:`CUDA_PUSH`), allgather fused (triton) and allgather torch. Each is compared bitwise
+    with the fp32 reference and bounded by the fp64 one.
     """
     dev = _dev()
     results = []
@@ -204,10 +219,15 @@ def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto
         me, out_dtype = dist.get_rank(), case["out"]
         outs = {}
         for impl in impls:
-            for ex in ("raw", "roped", "push"):
-                with QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, **common) as qg:
+            for path in direct_paths(impl):
+                if path == "exposed":
+                    continue  # with the raw object below
+                ex = "push" if path.startswith("push") else path
+                with mock.patch.dict(gather_mod.TUNING, CUDA_PUSH.get(path, {})):
+                    qg = QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, **common)
+                with qg:
                     out = poisoned(qg, Tc)
-                    outs[f"direct-{impl}-{ex}"] = qg.gather(nopes[me], pes[me], pos, cs, out=out)
+                    outs[f"direct-{impl}-{path}"] = qg.gather(nopes[me], pes[me], pos, cs, out=out)
                     if ex == "raw":
                         zn, zp = qg.exposed_shard(Tc)
                         zn.copy_(nopes[me])
@@ -278,7 +298,7 @@ def check_matrix(results: list, names: list[str], memory: str, impls=("triton",)
             assert c["nan"] == 0, (name, path, c)
         if "saturated" in res:
             assert res["saturated"], name
-        want = {f"direct-{i}-{m}" for i in impls for m in ("raw", "roped", "push", "exposed")}
+        want = {f"direct-{i}-{m}" for i in impls for m in direct_paths(i)}
         assert set(res["paths"]) == want | {"allgather-triton", "allgather-torch"}, (name, sorted(res["paths"]))
 
 
@@ -292,18 +312,22 @@ def back_to_back(
     raw_max: int | None = None,
     ll_max: int | None = None,
     out_dtype: torch.dtype = FP8,
+    ll128_max: int | None = None,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
     ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
-    + rope 64); ``modes`` names the exchanges used."""
+    + rope 64), ``ll128_max`` the LL128 bound likewise; ``modes`` names the exchanges used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype)
-    if ll_max is not None:
-        with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_bytes": ll_max * H * 576 * out_dtype.itemsize}):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype)
+            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max)
+    row = H * 576 * out_dtype.itemsize
+    if ll_max is not None or ll128_max is not None:
+        tuning = {} if ll_max is None else {"cuda_ll_max_bytes": ll_max * row}
+        tuning.update({} if ll128_max is None else {"cuda_ll128_max_bytes": ll128_max * row})
+        with mock.patch.dict(gather_mod.TUNING, tuning):
+            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype, None)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     g = torch.Generator().manual_seed(99)
@@ -322,6 +346,7 @@ def back_to_back(
     ) as qg:
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
+        names[K.MODE_PUSH_LL128] = "push_ll128"
         info["modes"] = sorted({"exposed" if e else names[qg._copy_mode(T)] for T, e in plan})
         for i, (T, exposed) in enumerate(plan):
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
@@ -444,17 +469,21 @@ def bad_inputs() -> dict:
 
 
 # ----------------------------------------------------------------------------------- missing peer
-def missing_peer(absent: int, timeout_s: float, memory: str = "auto", impl: str = "auto") -> dict:
+def missing_peer(
+    absent: int, timeout_s: float, memory: str = "auto", impl: str = "auto", tuning: dict | None = None
+) -> dict:
     """Rank ``absent`` never calls; the others get PeerTimeoutError within about ``timeout_s`` (CPU: from
     the call itself; GPU: from check() or the next call after the kernel finished), and the object refuses
-    every later call with the same error."""
+    every later call with the same error. ``tuning`` patches ``TUNING`` at construction (e.g. to force the
+    CUDA kernel's LL128 protocol); ``copy_mode`` in the result is the kernel mode of the T = 2 call."""
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = plain_cos_sin_cache(64, 64, device=dev)
     nopes, pes, pos = make_inputs(3, W, 2, 2, 512, 64, 64, device=dev)
-    qg = QueryGather(
-        max_tokens=4, heads_per_rank=2, backend="direct", memory=memory, impl=impl, timeout_s=timeout_s, device=dev
-    )
-    res: dict = {"impl": qg.impl, "memory": qg.memory}
+    with mock.patch.dict(gather_mod.TUNING, tuning or {}):
+        qg = QueryGather(
+            max_tokens=4, heads_per_rank=2, backend="direct", memory=memory, impl=impl, timeout_s=timeout_s, device=dev
+        )
+    res: dict = {"impl": qg.impl, "memory": qg.memory, "copy_mode": qg._copy_mode(2)}
     try:
         if me == absent:
             time.sleep(timeout_s * 2.0 + 1.0)
@@ -512,12 +541,12 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
     """One gather captured in a CUDA graph and replayed ``replays`` times with changing inputs and positions
     (``n_sets`` sets rotated through static buffers), the output poisoned before every replay and checked
     on the device after it; the ranks replay independently (no barrier, no host sync in the loop).
-    ``mode`` raw | roped | push (with the CUDA kernel's LL protocol at this T) | push_plain (LL off) | exposed;
-    ``copy_mode`` in the result is the kernel mode the calls used."""
+    ``mode`` raw | roped | push | push_ll128 | push_plain (the CUDA kernel's LL, LL128 and fenced push at this
+    T: :data:`CUDA_PUSH`) | exposed; ``copy_mode`` in the result is the kernel mode the calls used."""
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
-    ex = {"roped": "roped", "push": "push", "push_plain": "push"}.get(mode, "raw")
-    with mock.patch.dict(gather_mod.TUNING, {"cuda_ll_max_bytes": 0} if mode == "push_plain" else {}):
+    ex = "push" if mode.startswith("push") else mode if mode == "roped" else "raw"
+    with mock.patch.dict(gather_mod.TUNING, CUDA_PUSH.get(mode, {})):
         qg = QueryGather(
             max_tokens=T,
             heads_per_rank=H,

@@ -65,9 +65,14 @@ def test_gpu_each_path_T256_H32(gpool, impl, exchange):
         assert r["seconds"] < 20, r
 
 
-@pytest.mark.parametrize("mode", ["raw", "roped", "push", "push_plain", "exposed"])
-@pytest.mark.parametrize("impl", ["cuda", "triton"])
-@pytest.mark.parametrize("memory", ["vmm", "symm"])
+GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
+
+
+@pytest.mark.parametrize(
+    "memory,impl,mode",
+    [(m, i, x) for m in ("vmm", "symm") for i in ("cuda", "triton") for x in GRAPH_MODES]
+    + [(m, "cuda", "push_ll128") for m in ("vmm", "symm")],  # LL128: the CUDA kernel only
+)
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
     res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
     for r in res:
@@ -75,32 +80,45 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
         assert r["impl"] == impl and r["memory"] == memory, r
         if mode == "push":  # T = 8: the CUDA kernel's LL protocol (the Triton twin has none)
             assert r["copy_mode"] == (K.MODE_PUSH_LL if impl == "cuda" else K.MODE_PUSH), r
+        if mode == "push_ll128":
+            assert r["copy_mode"] == K.MODE_PUSH_LL128, r
         if mode == "push_plain":
             assert r["copy_mode"] == K.MODE_PUSH, r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_back_to_back_eager(gpool, impl):
-    # raw for T <= 8, push above (CUDA: LL up to 16), every third call zero-copy, in one object
-    for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl=impl, memory="vmm", raw_max=8, ll_max=16):
+    # raw for T <= 8, push above (CUDA: LL up to 16, LL128 up to 32), every third call zero-copy, one object
+    kw = dict(H=16, max_T=48, impl=impl, memory="vmm", raw_max=8, ll_max=16, ll128_max=32)
+    for r in gpool.run(fns.back_to_back, 200, **kw):
         assert r["bad"] == [] and r["impl"] == impl, r
-        want = ["exposed", "push", "push_ll", "raw"] if impl == "cuda" else ["exposed", "push", "raw"]
+        want = ["exposed", "push", "push_ll", "push_ll128", "raw"] if impl == "cuda" else ["exposed", "push", "raw"]
         assert r["modes"] == want, r
 
 
 def test_gpu_back_to_back_eager_bf16_auto(gpool):
-    """BF16 at W = 2 has no push slots: auto sends LL push up to the LL bound and roped above; with
-    zero-copy calls mixed in, one object, no barrier."""
-    for r in gpool.run(fns.back_to_back, 200, H=16, max_T=48, impl="cuda", memory="vmm", ll_max=16, out_dtype=BF16):
+    """BF16 at W = 2 has no push slots: auto sends LL push up to the LL bound, LL128 push up to its bound and
+    roped above; with zero-copy calls mixed in, one object, no barrier."""
+    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", ll_max=16, ll128_max=32, out_dtype=BF16)
+    for r in gpool.run(fns.back_to_back, 200, **kw):
         assert r["bad"] == [] and r["impl"] == "cuda", r
-        assert r["modes"] == ["exposed", "push_ll", "roped"], r
+        assert r["modes"] == ["exposed", "push_ll", "push_ll128", "roped"], r
 
 
-@pytest.mark.parametrize("impl", ["cuda", "triton"])
-def test_gpu_missing_peer_times_out(gpool, impl):
-    res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl)
+@pytest.mark.parametrize(
+    "impl,tuning,mode",
+    [
+        ("cuda", {}, K.MODE_PUSH_LL),
+        ("cuda", {"cuda_ll_max_bytes": 0}, K.MODE_PUSH_LL128),
+        ("triton", {}, K.MODE_PUSH),
+    ],
+    ids=["cuda_ll", "cuda_ll128", "triton"],
+)
+def test_gpu_missing_peer_times_out(gpool, impl, tuning, mode):
+    res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl, tuning)
     assert res[1]["role"] == "absent"
     r = res[0]
+    assert r["copy_mode"] == mode, r
     assert r["first"] == "rank=0 peer=1 mech=query" and r["again"] == r["first"], r
     assert 1.5 < r["dt"] < 10.0, r
 

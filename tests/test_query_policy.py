@@ -3,7 +3,10 @@ tokens runs, for each exchange and object kind. Pure host logic, no ranks."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+import torch
 
 from peerdcp.query import gather as G
 from peerdcp.query import kernels as K
@@ -42,7 +45,23 @@ def test_explicit_exchanges(T):
     assert G.copy_mode("push", T, push_slots=True, ll_max=0) == K.MODE_PUSH
 
 
-def test_ll_bound_is_a_byte_bound():
-    # the default bound: 64 tokens of 32 FP8 heads of 576, the same bytes as 32 BF16 tokens
-    b = G.TUNING["cuda_ll_max_bytes"]
-    assert b // (32 * 576 * 1) == 64 and b // (32 * 576 * 2) == 32 and b // (16 * 576 * 1) == 128
+def test_ll_bounds_are_byte_bounds_by_dtype():
+    # the defaults (tokens of 32 heads of 576): LL 64 FP8 / 16 BF16, LL128 128 FP8 / 48 BF16
+    row = {torch.float8_e4m3fn: 32 * 576, torch.bfloat16: 32 * 576 * 2}
+    ll = {dt: G.tuning_bytes("cuda_ll_max_bytes", dt) // r for dt, r in row.items()}
+    ll128 = {dt: G.tuning_bytes("cuda_ll128_max_bytes", dt) // r for dt, r in row.items()}
+    assert ll == {torch.float8_e4m3fn: 64, torch.bfloat16: 16}
+    assert ll128 == {torch.float8_e4m3fn: 128, torch.bfloat16: 48}
+    # a plain int applies to every dtype (how tests and the benchmark switch a protocol off)
+    with mock.patch.dict(G.TUNING, {"cuda_ll_max_bytes": 0}):
+        assert G.tuning_bytes("cuda_ll_max_bytes", torch.bfloat16) == 0
+
+
+@pytest.mark.parametrize("T", [1, 64, 65, 256, 257, 1024])
+def test_auto_and_push_with_ll128(T):
+    # LL up to its bound, LL128 up to its own, then the fenced push (push slots) or roped (none)
+    want = K.MODE_PUSH_LL if T <= 64 else K.MODE_PUSH_LL128 if T <= 256 else None
+    for ex, slots, above in (("auto", True, K.MODE_PUSH), ("auto", False, K.MODE_ROPED), ("push", True, K.MODE_PUSH)):
+        assert G.copy_mode(ex, T, push_slots=slots, ll_max=64, ll128_max=256) == (want or above)
+    assert G.copy_mode("roped", T, push_slots=False, ll_max=64, ll128_max=256) == K.MODE_ROPED
+    assert G.copy_mode("raw", T, push_slots=True, ll_max=64, ll128_max=256) == K.MODE_RAW

@@ -43,6 +43,8 @@ Modes (constexpr MODE):
 * ``MODE_PUSH_LL`` (CUDA kernel only, small calls): the push publish with NCCL's LL protocol - every 8
   output bytes travel with their flag in one 16-byte line into a separate LL area, and consumers poll the
   lines instead of a ready flag (``csrc/query_direct.cu``); this Triton kernel never receives it.
+* ``MODE_PUSH_LL128`` (CUDA kernel only, medium calls): the same with NCCL's LL128 lines (15 data words and
+  a flag word per 128-byte line) in a separate LL128 area; also never sent to this kernel.
 * ``MODE_EXPOSED`` (zero-copy): the caller already wrote its bf16 shard into slot Z (the views of
   ``QueryGather.exposed_shard``); program p only signals, then consumes like RAW from the peers'
   slot Z, and acknowledges each peer after reading it.
@@ -82,6 +84,7 @@ __all__ = [
     "MODE_EXPOSED",
     "MODE_PUSH",
     "MODE_PUSH_LL",
+    "MODE_PUSH_LL128",
     "SLOT_Z",
     "push_region_bytes",
     "header_bytes",
@@ -95,7 +98,9 @@ MODE_ROPED = 1
 MODE_EXPOSED = 2
 MODE_PUSH = 3
 MODE_PUSH_LL = 4  # CUDA kernel only: push with flags inside the data (csrc/query_direct.cu), T <= the LL bound
+MODE_PUSH_LL128 = 5  # CUDA kernel only: push with NCCL's LL128 lines (csrc/query_direct.cu), T <= the LL128 bound
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
+MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL: load the first inputs before the barrier
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)
 _RAW = tl.constexpr(MODE_RAW)

@@ -57,6 +57,8 @@ def load() -> ctypes.CDLL:
         _i64,  # max_tokens, data_off, slot_bytes
         _i64,
         _i64,  # ll_off, ll_max_tokens
+        _i64,
+        _i64,  # ll128_off, ll128_lines
         _i32,
         _i32,
         _i32,
@@ -94,9 +96,10 @@ def _query_direct_op(
     quant_scale: float,
     geometry: list[int],
 ) -> None:
-    T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max, nprog, mode, neox, mech = (
-        geometry
+    (T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max, ll128_off, ll128_lines) = (
+        geometry[:14]
     )
+    nprog, mode, neox, mech = geometry[14:]
     lib = load()
     stream = torch.cuda.current_stream(out.device).cuda_stream
     err = lib.peerdcp_query_direct(
@@ -129,6 +132,8 @@ def _query_direct_op(
         slot_bytes,
         ll_off,
         ll_max,
+        ll128_off,
+        ll128_lines,
         nprog,
         mode,
         neox,
@@ -195,6 +200,8 @@ def query_direct(
     slot_bytes,
     ll_off,
     ll_max_tokens,
+    ll128_off,
+    ll128_lines,
     nprog,
     mode,
     neox,
@@ -213,8 +220,8 @@ def query_direct(
         err_addr,
         timeout_ns,
         quant_scale,
-        [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max_tokens, nprog, mode]
-        + [int(neox), mech],
+        [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max_tokens, ll128_off]
+        + [ll128_lines, nprog, mode, int(neox), mech],
     )
 
 

@@ -58,18 +58,20 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
                     dict(backend="direct", memory=memory, impl=impl, exchange="raw", zerocopy=True),
                 )
             )
-    # TUNING variants (read at construction): PDL never / at every T; the push LL protocol never (LL128 from
-    # T = 1 to its bound) / at every T; LL128 never / at every T; plain push at every T (neither); the LL
-    # push without its early first load
+    # TUNING variants (read at construction): PDL never / at every T; each flag-in-data protocol of the push
+    # (LL, LL12, LL128: gather.TUNING) never / at every T; none (the fenced push at every T); the LL push
+    # without its early first load
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     big = 1 << 40
+    off = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
     v.append(("direct-cuda-auto-vmm-nopdl", dict(cu, tuning={"cuda_pdl_max_tokens": 0})))
     v.append(("direct-cuda-auto-vmm-allpdl", dict(cu, tuning={"cuda_pdl_max_tokens": 1 << 30})))
     v.append(("direct-cuda-auto-vmm-noll", dict(cu, tuning={"cuda_ll_max_bytes": 0})))
     v.append(("direct-cuda-auto-vmm-allll", dict(cu, tuning={"cuda_ll_max_bytes": big})))
-    v.append(("direct-cuda-auto-vmm-noll128", dict(cu, tuning={"cuda_ll128_max_bytes": 0})))
-    v.append(("direct-cuda-auto-vmm-allll128", dict(cu, tuning={"cuda_ll_max_bytes": 0, "cuda_ll128_max_bytes": big})))
-    v.append(("direct-cuda-auto-vmm-plain", dict(cu, tuning={"cuda_ll_max_bytes": 0, "cuda_ll128_max_bytes": 0})))
+    v.append(("direct-cuda-auto-vmm-noll12", dict(cu, tuning={"cuda_ll12_max_bytes": 0})))
+    v.append(("direct-cuda-auto-vmm-allll12", dict(cu, tuning=dict(off, cuda_ll12_max_bytes=big))))
+    v.append(("direct-cuda-auto-vmm-allll128", dict(cu, tuning=dict(off, cuda_ll128_max_bytes=big))))
+    v.append(("direct-cuda-auto-vmm-plain", dict(cu, tuning=off)))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     if quick:
         keep = {

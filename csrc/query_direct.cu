@@ -23,6 +23,10 @@
 // below (a rank's call e + 1 cannot finish before every peer started its call e + 1, which follows the
 // peer's call e - the last reader of the area that call e + 2 writes - in stream order).
 //
+// PUSH_LL12 (mode 6; below, before the kernel prologue): PUSH_LL with lines {3 data words, flag}, 3/4 data.
+// PUSH_LL128 (mode 5; query_push_ll128_kernel): lines of 128 bytes, 15 data words and a flag word.
+// The host picks among LL, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
+//
 // PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it for T <= 32 by default, where it
 // measured faster - it measured slower at T >= 64, session 5): the launch
 // carries cudaLaunchAttributeProgrammaticStreamSerialization, and every block first executes
@@ -51,7 +55,8 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
-constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kSlotZ = 2;
+constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kPushLL12 = 6;
+constexpr int kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
 // peer's slot (PUSH), our region of every peer's LL area (PUSH_LL).
 constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3;
@@ -508,6 +513,236 @@ __device__ __forceinline__ const uint4* raw_item(const Params& a, int u0, int id
   return reinterpret_cast<const uint4*>(a.q_pe + t * a.s_pt + h * a.s_ph) + (j - nv);
 }
 
+// One 8-byte output word of a source's rows, loaded: word j of unit (t, h) holds E = 8 / osize output
+// values, from E bf16 inputs (FP8: 16 bytes in `a`; BF16: 8 bytes in a.x, a.y; NeoX rope: the partner
+// half's values in `b`).
+struct WordIn {
+  uint4 a, b;
+  int t, h, j;
+};
+
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ void load_word_at(WordIn& in, const Params& a, int t, int h, int j) {
+  constexpr int E = FP8 ? 8 : 4;
+  in.t = t;
+  in.h = h;
+  in.j = j;
+  const int nw = a.NOPE / E;
+  const uint16_t* p0;
+  const uint16_t* p1 = nullptr;
+  if (in.j < nw) {
+    p0 = a.q_nope + in.t * a.s_nt + in.h * a.s_nh + E * in.j;
+  } else {
+    const uint16_t* pe = a.q_pe + in.t * a.s_pt + in.h * a.s_ph;
+    const int pos = E * (in.j - nw), half = a.ROPE / 2;
+    p0 = pe + pos;
+    if (NEOX) {  // pair (i, i + half): x0 = pe[i], x1 = pe[i + half]
+      if (pos < half) {
+        p1 = pe + pos + half;
+      } else {
+        p0 = pe + pos - half;
+        p1 = pe + pos;
+      }
+    }
+  }
+  if constexpr (FP8) {
+    in.a = *reinterpret_cast<const uint4*>(p0);
+    if (NEOX && p1 != nullptr) in.b = *reinterpret_cast<const uint4*>(p1);
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(p0);
+    in.a = make_uint4(v.x, v.y, 0, 0);
+    if (NEOX && p1 != nullptr) {
+      const uint2 v1 = *reinterpret_cast<const uint2*>(p1);
+      in.b = make_uint4(v1.x, v1.y, 0, 0);
+    }
+  }
+}
+
+// load_word_at of word w of a source's rows (unit-major, D * osize / 8 words per unit).
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ void load_word(WordIn& in, const Params& a, int64_t w) {
+  constexpr int E = FP8 ? 8 : 4;
+  const int wpr = (a.NOPE + a.ROPE) / E;
+  const int64_t u = w / wpr;
+  const int t = (int)(u / a.H);
+  load_word_at<NEOX, FP8>(in, a, t, (int)(u - (int64_t)t * a.H), (int)(w - u * wpr));
+}
+
+// The loaded word -> its 8 output bytes, with the same operations (and so the same bits) as emit_item.
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ uint2 finish_word(const WordIn& in, const Params& a, const CosSin& cs) {
+  constexpr int E = FP8 ? 8 : 4;
+  const int nw = a.NOPE / E;
+  float x[8], x1[8], y[8];
+  bf16x8(in.a, x);  // (BF16: elements 4..7 unused)
+  if (in.j < nw) {
+    if constexpr (!FP8) return make_uint2(in.a.x, in.a.y);  // bf16 nope passes through
+    return to_fp8x8(x, a.quant_scale);
+  }
+  const float* row = cs.row(a, in.t);
+  const int pos = E * (in.j - nw), half = a.ROPE / 2;
+  if constexpr (!NEOX) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {  // pairs (2k, 2k + 1), k = pos / 2 + i
+      const float c = row[pos / 2 + i], s = row[half + pos / 2 + i];
+      y[2 * i] = rot0(x[2 * i], x[2 * i + 1], c, s);
+      y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], c, s);
+    }
+  } else {
+    bf16x8(in.b, x1);
+    const bool first = pos < half;  // first half: x0 * c - x1 * s; second: x0 * s + x1 * c
+    const int k0 = first ? pos : pos - half;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const float c = row[k0 + i], s = row[half + k0 + i];
+      y[i] = first ? rot0(x[i], x1[i], c, s) : rot1(x[i], x1[i], c, s);
+    }
+  }
+  if constexpr (FP8) {
+    return to_fp8x8(y, a.quant_scale);
+  } else {
+    const uint4 v = to_bf16x8(y);  // elements 0..3 in v.x, v.y
+    return make_uint2(v.x, v.y);
+  }
+}
+
+// Byte offset in `out` of output word w of source s (unit-major words, wpr per row).
+__device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t w, int wpr) {
+  const int64_t u = w / wpr;
+  const int64_t t = u / a.H, h = u - t * a.H;
+  return ((t * a.HOUT + s * a.H + h) * wpr + (w - u * wpr)) * 8;
+}
+
+// ------------------------------------------------------------------------------------ PUSH_LL12
+// LL12 (the LL push with denser lines): every 12 output bytes travel with their flag in one 16-byte line
+// {3 data words, flag} (st.volatile.v4) instead of LL's {data, flag, data, flag}: 3/4 of the line is data
+// (LL: 1/2). A thread converts 3 consecutive 8-byte output words (24 bytes: two lines) of a source's rows and
+// the consumer takes the pair once both lines' flags match. Same area, flag, work split and two-parity
+// argument as LL (header); the rows of a unit hold a multiple of 3 words (the host checks D * osize % 24).
+//
+// ASSUMPTION (not in the PTX memory model, which makes only each 8-byte element of a vector access
+// single-copy atomic): an aligned 16-byte store of one thread is seen whole by an aligned 16-byte load. It is
+// implied by the assumption NCCL's LL128 protocol (and this file's LL128 kernel) makes for whole 128-byte
+// lines written by 8 lanes of one instruction - every line store here is part of such a warp store. A torn
+// line shows up as wrong bytes in the graph-replay tests with changing inputs.
+constexpr int kTriple = 3;  // 8-byte output words per thread item (two 16-byte lines)
+
+__device__ __forceinline__ int64_t ll12_region(const Params& a, int par, int src, int osize) {
+  const int64_t triples = a.ll_max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE) * osize / (8 * kTriple);
+  return a.ll_off + (int64_t)(par * a.W + src) * triples * 32;
+}
+
+constexpr int kU12 = 2;  // triples per thread per round, every load in flight (4: register spills)
+
+// Word j of the row of unit u, as (token, head, word).
+struct UnitWord {
+  int t, h, j;
+};
+__device__ __forceinline__ UnitWord unit_word(const Params& a, int u0, int lw, int wpr) {
+  const int u = u0 + lw / wpr;
+  return {u / a.H, u % a.H, lw % wpr};
+}
+__device__ __forceinline__ int64_t out_off(const Params& a, int s, const UnitWord& x, int osize) {
+  return ((int64_t)x.t * a.HOUT + s * a.H + x.h) * (int64_t)(a.NOPE + a.ROPE) * osize + 8 * (int64_t)x.j;
+}
+
+// PUSH_LL12 publish: units [u0, u1) of our rows, triple by triple (a triple never spans two rows), to our
+// output and into our region of every peer's LL area (two lines per triple).
+template <bool NEOX, bool FP8>
+__device__ void publish_ll12(const Params& a, const CosSin& cs, int u0, int u1, int par, uint32_t f) {
+  constexpr int osize = FP8 ? 1 : 2;
+  const int wpr = (a.NOPE + a.ROPE) * osize / 8;
+  const int n = (u1 - u0) * wpr / kTriple;
+  const int64_t mine = ll12_region(a, par, a.rank, osize) + (int64_t)u0 * wpr / kTriple * 32;
+  char* const out = static_cast<char*>(a.out);
+  for (int base = threadIdx.x; base < n; base += kThreads * kU12) {
+    WordIn in[kU12][kTriple];
+#pragma unroll
+    for (int k = 0; k < kU12; ++k) {
+      const int idx = base + k * kThreads;
+      if (idx >= n) continue;
+      const UnitWord x = unit_word(a, u0, kTriple * idx, wpr);
+#pragma unroll
+      for (int q = 0; q < kTriple; ++q) load_word_at<NEOX, FP8>(in[k][q], a, x.t, x.h, x.j + q);
+    }
+#pragma unroll
+    for (int k = 0; k < kU12; ++k) {
+      const int idx = base + k * kThreads;
+      if (idx >= n) continue;
+      uint2 v[kTriple];
+#pragma unroll
+      for (int q = 0; q < kTriple; ++q) v[q] = finish_word<NEOX, FP8>(in[k][q], a, cs);
+      const UnitWord x{in[k][0].t, in[k][0].h, in[k][0].j};
+      uint2* o = reinterpret_cast<uint2*>(out + out_off(a, a.rank, x, osize));
+#pragma unroll
+      for (int q = 0; q < kTriple; ++q) o[q] = v[q];
+      for (int i = 1; i < a.W; ++i) {
+        uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine) + 2 * idx;
+        peerdcp::st_volatile_v4(d, v[0].x, v[0].y, v[1].x, f);
+        peerdcp::st_volatile_v4(d + 1, v[1].y, v[2].x, v[2].y, f);
+      }
+    }
+  }
+}
+
+// PUSH_LL12 consume: every peer's triples of units [u0, u1) from our LL area into the output, each taken
+// once both of its lines carry `f`; one deadline per call, as copy_rows_ll.
+__device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
+  const int wpr = (a.NOPE + a.ROPE) * osize / 8;
+  const int per_src = (u1 - u0) * wpr / kTriple;
+  const int n = (a.W - 1) * per_src;
+  char* const out = static_cast<char*>(a.out);
+  const char* area = reinterpret_cast<const char*>(a.peers.base[a.rank]) + (int64_t)u0 * wpr / kTriple * 32;
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    const uint4* src[kUnroll];
+    int64_t dst[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      peer[k] = (a.rank + 1 + idx / per_src) % a.W;
+      const int li = idx % per_src;  // triple within this block's units
+      src[k] = reinterpret_cast<const uint4*>(area + ll12_region(a, par, peer[k], osize)) + 2 * li;
+      dst[k] = out_off(a, peer[k], unit_word(a, u0, kTriple * li, wpr), osize);
+    }
+    while (true) {
+      bool pending = false;
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (!need[k]) continue;
+        const uint4 l0 = peerdcp::ld_volatile_v4(src[k]);
+        const uint4 l1 = peerdcp::ld_volatile_v4(src[k] + 1);
+        if (l0.w == f && l1.w == f) {
+          uint2* o = reinterpret_cast<uint2*>(out + dst[k]);
+          o[0] = make_uint2(l0.x, l0.y);
+          o[1] = make_uint2(l0.z, l1.x);
+          o[2] = make_uint2(l1.y, l1.z);
+          need[k] = false;
+        } else {
+          pending = true;
+        }
+      }
+      if (!pending) break;
+      if (t0 == 0) t0 = globaltimer();
+      if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
+        for (int k = 0; k < kUnroll; ++k) {
+          if (need[k]) {
+            record_timeout(a, peer[k], (int64_t)f);
+            break;
+          }
+        }
+        expired = true;  // stop polling: one timeout bounds the whole call
+        break;
+      }
+    }
+  }
+}
+
 // Kernel prologue, every block of every call: PDL wait (the previous grid is complete and visible) and
 // trigger, then bump this block's call counter (only block p touches epochs[p]) into *e_sh.
 __device__ __forceinline__ void enter_call(const Params& a, int p, int64_t* e_sh) {
@@ -527,7 +762,7 @@ __device__ __forceinline__ void zero_padding(const Params& a, int p, int osize) 
     const int vec = (a.NOPE + a.ROPE) * osize / 16;
     for (int r = p; r < a.T * npad; r += a.nprog) {
       char* row = static_cast<char*>(out_row(a, r / npad, a.W * a.H + r % npad, osize));
-      for (int j = threadIdx.x; j < vec; j += kThreads) reinterpret_cast<uint4*>(row)[j] = make_uint4(0, 0, 0, 0);
+      for (int j = threadIdx.x; j < vec; j += blockDim.x) reinterpret_cast<uint4*>(row)[j] = make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -538,7 +773,7 @@ __device__ __forceinline__ CosSin stage_cos_sin(const Params& a, int t_first, in
   CosSin cs{nullptr, t_first};
   const int ntok = t_last - t_first + 1;
   if (ntok <= kMaxTok && a.ROPE <= kMaxRope) {
-    for (int i = threadIdx.x; i < ntok * a.ROPE; i += kThreads) {
+    for (int i = threadIdx.x; i < ntok * a.ROPE; i += blockDim.x) {
       const int t = t_first + i / a.ROPE;
       int64_t pp = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
       pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);
@@ -638,6 +873,10 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     }
     if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
     return;
+  } else if constexpr (MODE == kPushLL12) {
+    publish_ll12<NEOX, FP8>(a, cs, u0, u1, par, pub.f);
+    if (W > 1) copy_rows_ll12(a, u0, u1, par, pub.f, osize);
+    return;
   }
   __syncthreads();  // every thread's publish stores precede the release below
   if (tid < W && tid != a.rank)  // release: cumulative over the block's stores ordered by the barrier
@@ -705,108 +944,17 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
 // matrix, 10,000 graph replays with changing inputs on vmm and symm, back-to-back mixing every exchange,
 // missing peer -> PeerTimeoutError), but a fixed ~6.4 us at T = 1 (LL: 3.5, plain push: 5.0) and ~190 GB/s
 // of payload at the margin (plain push ~270), with weak and with volatile line stores alike - the same
-// fixed cost as csrc/output_direct.cu's LL128 kernel, cause not found. It wins in a band only (FP8 12.68 us
-// at T = 96 against 13.45 for the plain push and 14.90 for LL), which is where the host uses it.
+// fixed cost as csrc/output_direct.cu's LL128 kernel, cause not found: not the PDL overlap (without PDL:
+// 6.85 us) nor the two-blocks-per-SM occupancy (blocks of 128 threads: 6.22 us, slower at large T). It wins
+// in a band only (FP8 12.68-12.80 us at T = 96 against 13.45-13.56 for the plain push and 14.90 for LL; BF16:
+// never against roped), which is where the host uses it.
 constexpr int kLineData = 15;                   // data words per 128-byte line (word 15 is the flag)
 constexpr int kLineLanes = 8;                   // lanes per line, 16 bytes each
-constexpr int kGroups = kThreads / kLineLanes;  // lines a block handles per step
 constexpr int kU128 = 4;                        // lines per 8-lane group per round, every load in flight
 constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ int64_t ll128_region(const Params& a, int par, int src) {
   return a.ll128_off + (int64_t)(par * a.W + src) * a.ll128_lines * 128;
-}
-
-// One 8-byte output word of a source's rows, loaded: word j of unit (t, h) holds E = 8 / osize output
-// values, from E bf16 inputs (FP8: 16 bytes in `a`; BF16: 8 bytes in a.x, a.y; NeoX rope: the partner
-// half's values in `b`).
-struct WordIn {
-  uint4 a, b;
-  int t, h, j;
-};
-
-template <bool NEOX, bool FP8>
-__device__ __forceinline__ void load_word(WordIn& in, const Params& a, int64_t w) {
-  constexpr int E = FP8 ? 8 : 4;
-  const int wpr = (a.NOPE + a.ROPE) / E;
-  const int64_t u = w / wpr;
-  in.j = (int)(w - u * wpr);
-  in.t = (int)(u / a.H);
-  in.h = (int)(u - (int64_t)in.t * a.H);
-  const int nw = a.NOPE / E;
-  const uint16_t* p0;
-  const uint16_t* p1 = nullptr;
-  if (in.j < nw) {
-    p0 = a.q_nope + in.t * a.s_nt + in.h * a.s_nh + E * in.j;
-  } else {
-    const uint16_t* pe = a.q_pe + in.t * a.s_pt + in.h * a.s_ph;
-    const int pos = E * (in.j - nw), half = a.ROPE / 2;
-    p0 = pe + pos;
-    if (NEOX) {  // pair (i, i + half): x0 = pe[i], x1 = pe[i + half]
-      if (pos < half) {
-        p1 = pe + pos + half;
-      } else {
-        p0 = pe + pos - half;
-        p1 = pe + pos;
-      }
-    }
-  }
-  if constexpr (FP8) {
-    in.a = *reinterpret_cast<const uint4*>(p0);
-    if (NEOX && p1 != nullptr) in.b = *reinterpret_cast<const uint4*>(p1);
-  } else {
-    const uint2 v = *reinterpret_cast<const uint2*>(p0);
-    in.a = make_uint4(v.x, v.y, 0, 0);
-    if (NEOX && p1 != nullptr) {
-      const uint2 v1 = *reinterpret_cast<const uint2*>(p1);
-      in.b = make_uint4(v1.x, v1.y, 0, 0);
-    }
-  }
-}
-
-// The loaded word -> its 8 output bytes, with the same operations (and so the same bits) as emit_item.
-template <bool NEOX, bool FP8>
-__device__ __forceinline__ uint2 finish_word(const WordIn& in, const Params& a, const CosSin& cs) {
-  constexpr int E = FP8 ? 8 : 4;
-  const int nw = a.NOPE / E;
-  float x[8], x1[8], y[8];
-  bf16x8(in.a, x);  // (BF16: elements 4..7 unused)
-  if (in.j < nw) {
-    if constexpr (!FP8) return make_uint2(in.a.x, in.a.y);  // bf16 nope passes through
-    return to_fp8x8(x, a.quant_scale);
-  }
-  const float* row = cs.row(a, in.t);
-  const int pos = E * (in.j - nw), half = a.ROPE / 2;
-  if constexpr (!NEOX) {
-#pragma unroll
-    for (int i = 0; i < E / 2; ++i) {  // pairs (2k, 2k + 1), k = pos / 2 + i
-      const float c = row[pos / 2 + i], s = row[half + pos / 2 + i];
-      y[2 * i] = rot0(x[2 * i], x[2 * i + 1], c, s);
-      y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], c, s);
-    }
-  } else {
-    bf16x8(in.b, x1);
-    const bool first = pos < half;  // first half: x0 * c - x1 * s; second: x0 * s + x1 * c
-    const int k0 = first ? pos : pos - half;
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-      const float c = row[k0 + i], s = row[half + k0 + i];
-      y[i] = first ? rot0(x[i], x1[i], c, s) : rot1(x[i], x1[i], c, s);
-    }
-  }
-  if constexpr (FP8) {
-    return to_fp8x8(y, a.quant_scale);
-  } else {
-    const uint4 v = to_bf16x8(y);  // elements 0..3 in v.x, v.y
-    return make_uint2(v.x, v.y);
-  }
-}
-
-// Byte offset in `out` of output word w of source s (unit-major words, wpr per row).
-__device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t w, int wpr) {
-  const int64_t u = w / wpr;
-  const int64_t t = u / a.H, h = u - t * a.H;
-  return ((t * a.HOUT + s * a.H + h) * wpr + (w - u * wpr)) * 8;
 }
 
 template <bool NEOX, bool FP8>
@@ -831,6 +979,7 @@ __global__ void __launch_bounds__(kThreads, 2) query_push_ll128_kernel(const Par
   const uint64_t fv = 2 * (uint64_t)e + 1;
   const uint32_t flo = (uint32_t)fv, fhi = (uint32_t)(fv >> 32);
   const int lane = tid & (kLineLanes - 1), g = tid / kLineLanes;
+  const int kGroups = blockDim.x / kLineLanes;  // lines the block handles per step
   const int n = (int)(hi - lo);  // lines of this block (per source)
   char* const out = static_cast<char*>(a.out);
 
@@ -1000,6 +1149,9 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
     case kPushLL:
       if (T > ll_max_tokens) return (int)cudaErrorInvalidValue;  // the LL area holds ll_max_tokens rows
       return (int)launch_mode<kPushLL>(a, neox != 0, fp8 != 0, pdl, stream);
+    case kPushLL12:
+      if (T > ll_max_tokens || (NOPE + ROPE) * (fp8 ? 1 : 2) % (8 * kTriple)) return (int)cudaErrorInvalidValue;
+      return (int)launch_mode<kPushLL12>(a, neox != 0, fp8 != 0, pdl, stream);
     case kPushLL128: {
       // the LL128 area holds ll128_lines lines per source: ceil(T * H * D * osize / 8 / 15) of them
       const int64_t words = (int64_t)T * H * (NOPE + ROPE) * (fp8 ? 1 : 2) / 8;

@@ -37,9 +37,13 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(nope=500) == INVALID
     assert _call(rope=60) == INVALID
     assert _call(nprog=0) == INVALID
-    assert _call(mode=6) == INVALID
-    assert _call(mode=6 | K.MODE_PDL) == INVALID
+    assert _call(mode=7) == INVALID
+    assert _call(mode=7 | K.MODE_PDL) == INVALID
     assert _call(mode=K.MODE_PUSH_LL, T=9, ll_max=8) == INVALID  # beyond the LL area
+    assert _call(mode=K.MODE_PUSH_LL12, T=9, ll_max=8) == INVALID
+    # LL12 needs rows of whole 24-byte triples: D * osize = 560 (FP8) / 1120 (BF16) is not
+    assert _call(mode=K.MODE_PUSH_LL12, nope=496, ll_max=8) == INVALID
+    assert _call(mode=K.MODE_PUSH_LL12, nope=496, ll_max=8, fp8=0) == INVALID
     # LL128: one token of 16 heads x 576 FP8 bytes is 1152 words, 77 lines (BF16: 154)
     assert _call(mode=K.MODE_PUSH_LL128, T=1, ll128_lines=76) == INVALID
     assert _call(mode=K.MODE_PUSH_LL128, T=1, ll128_lines=153, fp8=0) == INVALID
@@ -49,7 +53,7 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
 
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():
-    modes = (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH, K.MODE_PUSH_LL, K.MODE_PUSH_LL128)
+    modes = (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH, K.MODE_PUSH_LL, K.MODE_PUSH_LL128, K.MODE_PUSH_LL12)
     for mode in modes + (K.MODE_PUSH_LL | K.MODE_EARLY,):
         for pdl in (0, K.MODE_PDL):
             assert _call(T=0, mode=mode | pdl) == 0

@@ -71,7 +71,7 @@ GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
 @pytest.mark.parametrize(
     "memory,impl,mode",
     [(m, i, x) for m in ("vmm", "symm") for i in ("cuda", "triton") for x in GRAPH_MODES]
-    + [(m, "cuda", "push_ll128") for m in ("vmm", "symm")],  # LL128: the CUDA kernel only
+    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128")],  # the CUDA kernel only
 )
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
     res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
@@ -82,37 +82,41 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
             assert r["copy_mode"] == (K.MODE_PUSH_LL if impl == "cuda" else K.MODE_PUSH), r
         if mode == "push_ll128":
             assert r["copy_mode"] == K.MODE_PUSH_LL128, r
+        if mode == "push_ll12":
+            assert r["copy_mode"] == K.MODE_PUSH_LL12, r
         if mode == "push_plain":
             assert r["copy_mode"] == K.MODE_PUSH, r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_back_to_back_eager(gpool, impl):
-    # raw for T <= 8, push above (CUDA: LL up to 16, LL128 up to 32), every third call zero-copy, one object
-    kw = dict(H=16, max_T=48, impl=impl, memory="vmm", raw_max=8, ll_max=16, ll128_max=32)
+    # raw for T <= 8, then push: with the CUDA kernel LL up to 12, LL12 up to 24, LL128 up to 32, the fenced
+    # push above; every third call zero-copy; one object, no barrier
+    kw = dict(H=16, max_T=48, impl=impl, memory="vmm", raw_max=8, ll_max=12, ll12_max=24, ll128_max=32)
     for r in gpool.run(fns.back_to_back, 200, **kw):
         assert r["bad"] == [] and r["impl"] == impl, r
-        want = ["exposed", "push", "push_ll", "push_ll128", "raw"] if impl == "cuda" else ["exposed", "push", "raw"]
-        assert r["modes"] == want, r
+        cuda = ["exposed", "push", "push_ll", "push_ll12", "push_ll128", "raw"]
+        assert r["modes"] == (cuda if impl == "cuda" else ["exposed", "push", "raw"]), r
 
 
 def test_gpu_back_to_back_eager_bf16_auto(gpool):
-    """BF16 at W = 2 has no push slots: auto sends LL push up to the LL bound, LL128 push up to its bound and
-    roped above; with zero-copy calls mixed in, one object, no barrier."""
-    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", ll_max=16, ll128_max=32, out_dtype=BF16)
+    """BF16 at W = 2 has no push slots: auto sends LL, LL12 and LL128 push within their bounds and roped
+    above; with zero-copy calls mixed in, one object, no barrier."""
+    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", ll_max=8, ll12_max=24, ll128_max=32, out_dtype=BF16)
     for r in gpool.run(fns.back_to_back, 200, **kw):
         assert r["bad"] == [] and r["impl"] == "cuda", r
-        assert r["modes"] == ["exposed", "push_ll", "push_ll128", "roped"], r
+        assert r["modes"] == ["exposed", "push_ll", "push_ll12", "push_ll128", "roped"], r
 
 
 @pytest.mark.parametrize(
     "impl,tuning,mode",
     [
         ("cuda", {}, K.MODE_PUSH_LL),
-        ("cuda", {"cuda_ll_max_bytes": 0}, K.MODE_PUSH_LL128),
+        ("cuda", fns.CUDA_PUSH["push_ll128"], K.MODE_PUSH_LL128),
+        ("cuda", fns.CUDA_PUSH["push_ll12"], K.MODE_PUSH_LL12),
         ("triton", {}, K.MODE_PUSH),
     ],
-    ids=["cuda_ll", "cuda_ll128", "triton"],
+    ids=["cuda_ll", "cuda_ll128", "cuda_ll12", "triton"],
 )
 def test_gpu_missing_peer_times_out(gpool, impl, tuning, mode):
     res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl, tuning)

@@ -46,15 +46,17 @@ def test_explicit_exchanges(T):
 
 
 def test_ll_bounds_are_byte_bounds_by_dtype():
-    # the defaults (tokens of 32 heads of 576): LL 64 FP8 / 16 BF16, LL128 128 FP8 / 48 BF16
+    # the defaults (tokens of 32 heads of 576): FP8 LL 16, LL12 128; BF16 LL12 48; LL128 off
     row = {torch.float8_e4m3fn: 32 * 576, torch.bfloat16: 32 * 576 * 2}
-    ll = {dt: G.tuning_bytes("cuda_ll_max_bytes", dt) // r for dt, r in row.items()}
-    ll128 = {dt: G.tuning_bytes("cuda_ll128_max_bytes", dt) // r for dt, r in row.items()}
-    assert ll == {torch.float8_e4m3fn: 64, torch.bfloat16: 16}
-    assert ll128 == {torch.float8_e4m3fn: 128, torch.bfloat16: 48}
+    got = {k: {dt: G.tuning_bytes(f"cuda_{k}_max_bytes", dt) // r for dt, r in row.items()} for k in ("ll", "ll12")}
+    assert got == {
+        "ll": {torch.float8_e4m3fn: 16, torch.bfloat16: 0},
+        "ll12": {torch.float8_e4m3fn: 128, torch.bfloat16: 48},
+    }
+    assert G.tuning_bytes("cuda_ll128_max_bytes", torch.float8_e4m3fn) == 0
     # a plain int applies to every dtype (how tests and the benchmark switch a protocol off)
-    with mock.patch.dict(G.TUNING, {"cuda_ll_max_bytes": 0}):
-        assert G.tuning_bytes("cuda_ll_max_bytes", torch.bfloat16) == 0
+    with mock.patch.dict(G.TUNING, {"cuda_ll_max_bytes": 7}):
+        assert G.tuning_bytes("cuda_ll_max_bytes", torch.bfloat16) == 7
 
 
 @pytest.mark.parametrize("T", [1, 64, 65, 256, 257, 1024])
@@ -65,3 +67,14 @@ def test_auto_and_push_with_ll128(T):
         assert G.copy_mode(ex, T, push_slots=slots, ll_max=64, ll128_max=256) == (want or above)
     assert G.copy_mode("roped", T, push_slots=False, ll_max=64, ll128_max=256) == K.MODE_ROPED
     assert G.copy_mode("raw", T, push_slots=True, ll_max=64, ll128_max=256) == K.MODE_RAW
+
+
+@pytest.mark.parametrize("exchange", ["auto", "push"])
+def test_protocols_apply_in_order_ll_ll12_ll128(exchange):
+    modes = [
+        G.copy_mode(exchange, T, push_slots=True, ll_max=4, ll12_max=16, ll128_max=32)
+        for T in (1, 4, 5, 16, 17, 32, 33)
+    ]
+    assert modes == [K.MODE_PUSH_LL] * 2 + [K.MODE_PUSH_LL12] * 2 + [K.MODE_PUSH_LL128] * 2 + [K.MODE_PUSH]
+    # a bound at or below an earlier one is never reached (the host passes 0 there)
+    assert G.copy_mode(exchange, 3, push_slots=True, ll_max=0, ll12_max=0, ll128_max=8) == K.MODE_PUSH_LL128

@@ -75,27 +75,29 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # why the protocol is unchanged); 0 turns it off. Measured on 2 x H200 (bench.query, 32 heads/rank, FP8,
 # graph, same run, 2026-11-30 session 5): with / without PDL 5.54 / 5.90 us at T = 1, 8.03 / 8.05 at 8,
 # 9.40 / 9.89 at 32, but 12.31 / 11.35 at 64, 17.76 / 15.49 at 128, 28.74 / 27.27 at 256 (cause not measured).
-# "cuda_ll_max_bytes" (read at construction): push calls whose finished rows per source (T * H * D * out-size)
-# fit in this many bytes run the CUDA kernel's LL protocol (flags inside the data: no fence, no ready flag,
-# twice the bytes), in an LL area of that many bytes; 0 turns it off. An int, or a dict by out dtype name.
-# Measured on 2 x H200 (bench.query, 32 heads/rank, graph, LL / plain push): FP8 3.43 / 5.20 us at T = 1,
-# 4.26 / 6.73 at 8, 7.12 / 8.75 at 32, 11.11 / 11.60 at 64, but 14.75 / 13.57 at 96 (session 6); BF16 (session
-# 7, with the early load) 7.23 / 8.60 at T = 16 but 13.41 / 10.33 at 32: 64 FP8 tokens, 16 BF16 tokens.
-# "cuda_ll128_max_bytes": push calls above the LL bound that fit in this many bytes use NCCL's LL128 protocol
-# instead (15 data words + 1 flag word per 128-byte line: no fence, no ready flag, 1/16 more bytes, lines
-# copied out as they arrive), in an LL128 area of that size per (parity, source); 0 turns it off. The area
-# needs no push slots, so BF16 (no push slots at W = 2) gets a push exchange there too. LL128 costs a fixed
-# ~6.4 us (LL: ~3.5; weak or volatile line stores alike) and streams at ~190 GB/s (plain push ~270): it wins
-# only in a band (session 7, FP8 LL128 / LL / plain push: 11.08 / 11.15 / 11.36 us at T = 64, 12.68 / 14.90 /
-# 13.45 at 96, 15.48 / 19.95 / 15.65 at 128, 20.67 / - / 19.21 at 192; BF16 LL128 / roped: 10.36 / 10.25 at
-# T = 32, 12.43 / 12.63 at 48, 15.06 / 14.52 at 64): up to 128 FP8 tokens, 48 BF16 tokens.
+# Push calls with the CUDA kernel move their finished rows by one of three flag-in-data protocols when they
+# fit (no fence, no ready flag; read at construction, bytes of finished rows per source = T * H * D *
+# out-size, an int or a dict by out dtype name, 0 = off), else by the fenced push (or, without push slots, raw
+# / roped):
+# "cuda_ll_max_bytes": LL - 16-byte lines {data, flag, data, flag}, half the bytes are flags.
+# "cuda_ll12_max_bytes": LL12 - lines {3 data words, flag}: a quarter are flags (calls above the LL bound).
+# "cuda_ll128_max_bytes": LL128 - 128-byte lines of 15 data words + a flag word (calls above both).
+# Measured on 2 x H200 (bench.query, 32 heads/rank, graph, 2026-11-30 session 7, us; LL / LL12 / LL128 /
+# plain push): FP8 3.41 / 3.90 / 6.43 / 4.93 at T = 1, 4.23 / 4.49 / 6.64 / 6.61 at 8, 5.05 / 5.00 / 7.03 /
+# 7.35 at 16, 7.04 / 6.05 / 7.92 / 8.68 at 32, 11.02 / 8.89 / 11.15 / 11.45 at 64, 14.76 / 12.28 / 12.72 /
+# 13.45 at 96, 20.03 / 15.52 / 15.56 / 15.57 at 128, 28.03 / 23.97 / 21.05 / 19.22 at 192; BF16 (no push
+# slots at W = 2: roped above the bounds) 3.73 / 3.72 / 6.39 / 5.26 (roped) at T = 1, 5.23 / 4.58 at 8,
+# 7.16 / 5.70 at 16, 11.90 / 8.05 / 10.38 / 10.23 at 32, 15.62 / 11.54 / 12.42 / 12.43 at 48, 21.46 / 15.47 /
+# 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128; BF16 LL12 up to 48; LL128
+# (a fixed ~6.4 us, cause not found: see csrc/query_direct.cu) off by default.
 # "cuda_ll_early": LL push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
 TUNING = {
     "cuda_pdl_max_tokens": 32,
-    "cuda_ll_max_bytes": {"float8_e4m3fn": 64 * _ROWS, "bfloat16": 16 * _ROWS * 2},
-    "cuda_ll128_max_bytes": {"float8_e4m3fn": 128 * _ROWS, "bfloat16": 48 * _ROWS * 2},
+    "cuda_ll_max_bytes": {"float8_e4m3fn": 16 * _ROWS, "bfloat16": 0},
+    "cuda_ll12_max_bytes": {"float8_e4m3fn": 128 * _ROWS, "bfloat16": 48 * _ROWS * 2},
+    "cuda_ll128_max_bytes": 0,
     "cuda_ll_early": True,
 }
 
@@ -107,29 +109,27 @@ def tuning_bytes(key: str, out_dtype: torch.dtype) -> int:
     return int(v[str(out_dtype).removeprefix("torch.")] if isinstance(v, dict) else v)
 
 
-def copy_mode(exchange: str, tokens: int, *, push_slots: bool, ll_max: int, ll128_max: int = 0) -> int:
+def copy_mode(
+    exchange: str, tokens: int, *, push_slots: bool, ll_max: int, ll12_max: int = 0, ll128_max: int = 0
+) -> int:
     """The direct kernel's mode (``kernels.MODE_*``) for a copy call of ``tokens`` >= 1 tokens: a pure
     function of the call's size and of what every rank agreed on at construction, so every rank picks the
     same mode.
 
     ``exchange``: the object's exchange; ``push_slots``: its parity slots hold push regions; ``ll_max`` /
-    ``ll128_max``: the most tokens its CUDA LL / LL128 area holds (0: none, e.g. the Triton kernel).
+    ``ll12_max`` / ``ll128_max``: the most tokens its CUDA kernel sends by the LL / LL12 / LL128 protocol (0:
+    none, e.g. the Triton kernel); each applies above the ones before it.
     """
-    if exchange == "auto":
-        if push_slots and tokens <= AUTO_PUSH_RAW_MAX_TOKENS:
+    if exchange in ("auto", "push"):
+        if exchange == "auto" and push_slots and tokens <= AUTO_PUSH_RAW_MAX_TOKENS:
             return K.MODE_RAW
-        if tokens <= ll_max:
-            return K.MODE_PUSH_LL
-        if tokens <= ll128_max:
-            return K.MODE_PUSH_LL128
-        if push_slots:
+        for bound, mode in ((ll_max, K.MODE_PUSH_LL), (ll12_max, K.MODE_PUSH_LL12), (ll128_max, K.MODE_PUSH_LL128)):
+            if tokens <= bound:
+                return mode
+        if exchange == "push" or push_slots:
             return K.MODE_PUSH
         return K.MODE_RAW if tokens <= AUTO_RAW_MAX_TOKENS else K.MODE_ROPED
-    if exchange == "push" and tokens <= ll_max:
-        return K.MODE_PUSH_LL
-    if exchange == "push" and tokens <= ll128_max:
-        return K.MODE_PUSH_LL128
-    return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED, "push": K.MODE_PUSH}[exchange]
+    return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED}[exchange]
 
 
 class QueryGather:
@@ -157,10 +157,9 @@ class QueryGather:
             rotate and convert), ``"roped"`` (rows the producer already rotated and converted), ``"push"``
             (the producer rotates and converts its rows and stores them into every consumer's slot: NVLink
             stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot;
-            the CUDA kernel sends calls of at most ``TUNING["cuda_ll_max_bytes"]`` per source with NCCL's
-            LL protocol and those of at most ``TUNING["cuda_ll128_max_bytes"]`` with its LL128 protocol),
-            ``"auto"`` (with the CUDA kernel, LL push for calls within the LL bound, LL128 push within the
-            LL128 bound; above it push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2
+            the CUDA kernel sends calls within the byte bounds of ``TUNING`` with flag-in-data protocols: LL,
+            LL12, LL128), ``"auto"`` (with the CUDA kernel, those protocols within their bounds; above them
+            push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2
             with FP8 - else raw for T <= ``AUTO_RAW_MAX_TOKENS`` and roped above; see :func:`copy_mode`).
             All give the same bytes provided every rank passes the same ``positions`` and
             ``cos_sin_cache`` (as in DCP, where every rank holds every token): raw and allgather rotate
@@ -270,8 +269,9 @@ class QueryGather:
         self._gpu = on_gpu(dev)
         self._exposed_T: int | None = None
         self._push_slots = False  # direct: slots 0/1 sized for the push exchange (set below)
-        self._ll_max = 0  # direct, CUDA, exchange auto / push: tokens the LL area holds (copy_mode decides)
-        self._ll128_max = 0  # ... and the LL128 area (0: none; else > _ll_max)
+        # direct, CUDA, exchange auto / push: the most tokens a call sends by LL / LL12 / LL128 (copy_mode)
+        self._ll_max = self._ll12_max = self._ll128_max = 0
+        self._ll_area = 0  # tokens the LL area (LL and LL12 calls) holds per (parity, source)
         self._ll128_lines = 0  # 128-byte lines per (parity, source) of the LL128 area
         self._early = False  # LL push calls load their first inputs early (TUNING["cuda_ll_early"])
 
@@ -303,25 +303,27 @@ class QueryGather:
             self._push_slots = exchange == "push" or (exchange == "auto" and growth <= PUSH_AUTO_MAX_GROWTH)
             if exchange in ("auto", "push") and self.impl == "cuda":  # the LL areas need no push slots
                 row_bytes = H * self.head_dim * out_dtype.itemsize  # one token's finished rows
-                self._ll_max = min(max_tokens, tuning_bytes("cuda_ll_max_bytes", out_dtype) // row_bytes)
-                ll128 = min(max_tokens, tuning_bytes("cuda_ll128_max_bytes", out_dtype) // row_bytes)
-                if ll128 > self._ll_max:
-                    self._ll128_max = ll128
-                    self._ll128_lines = -(-(ll128 * row_bytes // 8) // 15)  # 15 data words per line
+                bound = {k: min(max_tokens, tuning_bytes(f"cuda_{k}_max_bytes", out_dtype) // row_bytes) for k in
+                         ("ll", "ll12", "ll128")}  # fmt: skip
+                if self.head_dim * out_dtype.itemsize % 24:  # LL12 moves whole 24-byte triples of a row
+                    bound["ll12"] = 0
+                self._ll_max = bound["ll"]
+                self._ll12_max = bound["ll12"] if bound["ll12"] > self._ll_max else 0
+                self._ll128_max = bound["ll128"] if bound["ll128"] > max(self._ll_max, self._ll12_max) else 0
+                self._ll_area = max(self._ll_max, self._ll12_max)
+                self._ll128_lines = -(-(self._ll128_max * row_bytes // 8) // 15)  # 15 data words per line
             self._early = bool(TUNING["cuda_ll_early"])
             if self._push_slots:
                 rule = f"raw for T <= {AUTO_PUSH_RAW_MAX_TOKENS}, else push" if AUTO_PUSH_RAW_MAX_TOKENS else "push"
             else:
                 rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
-            if self._ll128_max:
-                rule = f"LL128 push for T <= {self._ll128_max}, then " + rule
-            if self._ll_max:
-                rule = f"LL push for T <= {self._ll_max}, then " + rule
+            lls = [(n, b) for n, b in (("LL", self._ll_max), ("LL12", self._ll12_max), ("LL128", self._ll128_max)) if b]
+            ll_rule = ", ".join(f"{n} push for T <= {b}" for n, b in lls)
+            if ll_rule:
+                rule = ll_rule + ", then " + rule
             reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
-            if self._ll_max and exchange == "push":
-                reasons.append(f"LL protocol for T <= {self._ll_max}")
-            if self._ll128_max and exchange == "push":
-                reasons.append(f"LL128 protocol for T <= {self._ll128_max}")
+            if ll_rule and exchange == "push":
+                reasons.append(ll_rule.replace(" push", " protocol"))
             self._setup_direct(num_programs)
         else:
             self._setup_allgather()
@@ -443,10 +445,11 @@ class QueryGather:
         self._slot_bytes = -(-slot_bytes // 256) * 256
         self._data_off = K.header_bytes(NP, W)
         # slots 0 and 1 (parity; any exchange), slot Z (exposed: a raw slot), then the LL area of the CUDA
-        # push calls with T <= _ll_max: [2 parity][W src][_ll_max][H][2 * D * out-size] bytes, then the LL128
-        # area of those with T <= _ll128_max: [2 parity][W src][_ll128_lines][128] bytes
+        # LL / LL12 push calls, sized for the LL layout (LL12 lines need 2/3 of it) of _ll_area tokens:
+        # [2 parity][W src][_ll_area][H][2 * D * out-size] bytes, then the LL128 area of the calls with
+        # T <= _ll128_max: [2 parity][W src][_ll128_lines][128] bytes
         self._ll_off = -(-(self._data_off + 2 * self._slot_bytes + raw_bytes) // 256) * 256
-        ll_bytes = 2 * W * self._ll_max * H * 2 * self.head_dim * self.out_dtype.itemsize
+        ll_bytes = 2 * W * self._ll_area * H * 2 * self.head_dim * self.out_dtype.itemsize
         self._ll128_off = -(-(self._ll_off + ll_bytes) // 256) * 256
         nbytes = self._ll128_off + 2 * W * self._ll128_lines * 128
         self._buf = _memory.allocate(nbytes, info.group, memory=self.memory, device=dev)
@@ -672,7 +675,14 @@ class QueryGather:
 
     def _copy_mode(self, T: int) -> int:
         """The kernel mode of a copy call with T tokens (see :func:`copy_mode`)."""
-        return copy_mode(self.exchange, T, push_slots=self._push_slots, ll_max=self._ll_max, ll128_max=self._ll128_max)
+        return copy_mode(
+            self.exchange,
+            T,
+            push_slots=self._push_slots,
+            ll_max=self._ll_max,
+            ll12_max=self._ll12_max,
+            ll128_max=self._ll128_max,
+        )
 
     # ---------------------------------------------------------------------------------- launches
     def _launch_direct(self, mode, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:
@@ -707,7 +717,7 @@ class QueryGather:
                 self._data_off,
                 self._slot_bytes,
                 self._ll_off,
-                self._ll_max,
+                self._ll_area,
                 self._ll128_off,
                 self._ll128_lines,
                 self.num_programs,

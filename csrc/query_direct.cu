@@ -678,6 +678,7 @@ __device__ void publish_ll12(const Params& a, const CosSin& cs, int u0, int u1, 
       for (int q = 0; q < kTriple; ++q) o[q] = v[q];
       for (int i = 1; i < a.W; ++i) {
         uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine) + 2 * idx;
+        // (weak 16-byte stores measured the same, session 7)
         peerdcp::st_volatile_v4(d, v[0].x, v[0].y, v[1].x, f);
         peerdcp::st_volatile_v4(d + 1, v[1].y, v[2].x, v[2].y, f);
       }

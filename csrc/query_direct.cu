@@ -112,16 +112,11 @@ __device__ __forceinline__ uint64_t globaltimer() {
 }
 __device__ __forceinline__ uint4 ld_cg(const uint4* p) { return __ldcg(p); }
 
-// Record a timed-out wait (rank, peer, mechanism, awaited value) once.
-__device__ void record_timeout(const Params& a, int peer, int64_t value) {
-  if (atomicCAS_system(a.err, 0ull, 1ull) == 0ull) {
-    volatile unsigned long long* e = a.err;
-    e[1] = (unsigned long long)a.rank;
-    e[2] = (unsigned long long)peer;
-    e[3] = (unsigned long long)a.mech;
-    e[4] = (unsigned long long)value;
-    __threadfence_system();
-  }
+// Record a timed-out wait (rank, peer, mechanism, awaited value): the shared helper writes the fields before
+// the "set" word, so the host (which reads "set" first, without synchronizing) never sees "set" with stale
+// fields. (Until session 7 this claimed "set" first by an atomicCAS_system on the pinned host word.)
+__device__ __forceinline__ void record_timeout(const Params& a, int peer, int64_t value) {
+  peerdcp::report_timeout(reinterpret_cast<int64_t*>(a.err), a.rank, peer, a.mech, value);
 }
 
 // Bounded acquire wait; on timeout record (rank, peer, mechanism, epoch) once and return false.

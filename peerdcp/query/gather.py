@@ -89,7 +89,7 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # slots at W = 2: roped above the bounds) 3.73 / 3.72 / 6.39 / 5.26 (roped) at T = 1, 5.23 / 4.58 at 8,
 # 7.16 / 5.70 at 16, 11.90 / 8.05 / 10.38 / 10.23 at 32, 15.62 / 11.54 / 12.42 / 12.43 at 48, 21.46 / 15.47 /
 # 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128; BF16 LL12 up to 48; LL128
-# (a fixed ~6.4 us, cause not found: see csrc/query_direct.cu) off by default.
+# (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off by default.
 # "cuda_ll_early": LL push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements

@@ -100,8 +100,8 @@ MODE_ROPED = 1
 MODE_EXPOSED = 2
 MODE_PUSH = 3
 MODE_PUSH_LL = 4  # CUDA kernel only: push with flags inside the data (csrc/query_direct.cu), T <= the LL bound
-MODE_PUSH_LL128 = 5  # CUDA kernel only: push with NCCL's LL128 lines (csrc/query_direct.cu), T <= the LL128 bound
-MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-byte line (csrc/query_direct.cu)
+MODE_PUSH_LL128 = 5  # CUDA kernel only: push with NCCL's LL128 lines (csrc/query_lines.cuh), T <= the LL128 bound
+MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-byte line (csrc/query_lines.cuh)
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL: load the first inputs before the barrier
 SLOT_Z = 2

@@ -1,0 +1,459 @@
+// Query gather CUDA kernels (see query_direct.cu), part 3: the flag-in-data push protocols, where every
+// line of finished rows carries the call's flag (no fence, no ready flag) - LL (consume; its publish is
+// the unit-item path's kPubPeersLL store), LL12 (publish and consume of 8-byte output words in triples) and
+// LL128 (its own kernel).
+#pragma once
+
+#include "query_common.cuh"
+
+namespace {
+
+// PUSH_LL consume: the peers' lines of units [u0, u1) from our LL area (parity `par`) into the output at
+// widened heads s*H + h, 8 output bytes per 16-byte line, each taken once both of its flags equal `f`.
+// Each thread polls its own lines (kUnroll at a time, all in flight) against one deadline for the whole
+// call; on timeout it records the error once and leaves the missing rows (the host raises).
+__device__ void copy_rows_ll(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
+  const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
+  const int nq = (int)(row_bytes / 8);  // lines per row
+  const int per_src = (u1 - u0) * nq;
+  const int n = (a.W - 1) * per_src;
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    const uint4* src[kUnroll];
+    int64_t dst_off[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      const int s = (a.rank + 1 + idx / per_src) % a.W;
+      const int rem = idx % per_src;
+      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+      src[k] = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(a.peers.base[a.rank]) +
+                                              ll_region(a, par, s, osize)) + (int64_t)u * nq + q;
+      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 8 * (int64_t)q;
+      peer[k] = s;
+    }
+    while (true) {
+      bool pending = false;
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (!need[k]) continue;
+        const uint4 w = peerdcp::ld_volatile_v4(src[k]);
+        if (w.y == f && w.w == f) {
+          *reinterpret_cast<uint2*>(static_cast<char*>(a.out) + dst_off[k]) = make_uint2(w.x, w.z);
+          need[k] = false;
+        } else {
+          pending = true;
+        }
+      }
+      if (!pending) break;
+      if (t0 == 0) t0 = globaltimer();
+      if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
+        for (int k = 0; k < kUnroll; ++k) {
+          if (need[k]) {
+            record_timeout(a, peer[k], (int64_t)f);
+            break;
+          }
+        }
+        expired = true;  // stop polling: one timeout bounds the whole call
+        break;
+      }
+    }
+  }
+}
+
+// One 8-byte output word of a source's rows, loaded: word j of unit (t, h) holds E = 8 / osize output
+// values, from E bf16 inputs (FP8: 16 bytes in `a`; BF16: 8 bytes in a.x, a.y; NeoX rope: the partner
+// half's values in `b`).
+struct WordIn {
+  uint4 a, b;
+  int t, h, j;
+};
+
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ void load_word_at(WordIn& in, const Params& a, int t, int h, int j) {
+  constexpr int E = FP8 ? 8 : 4;
+  in.t = t;
+  in.h = h;
+  in.j = j;
+  const int nw = a.NOPE / E;
+  const uint16_t* p0;
+  const uint16_t* p1 = nullptr;
+  if (in.j < nw) {
+    p0 = a.q_nope + in.t * a.s_nt + in.h * a.s_nh + E * in.j;
+  } else {
+    const uint16_t* pe = a.q_pe + in.t * a.s_pt + in.h * a.s_ph;
+    const int pos = E * (in.j - nw), half = a.ROPE / 2;
+    p0 = pe + pos;
+    if (NEOX) {  // pair (i, i + half): x0 = pe[i], x1 = pe[i + half]
+      if (pos < half) {
+        p1 = pe + pos + half;
+      } else {
+        p0 = pe + pos - half;
+        p1 = pe + pos;
+      }
+    }
+  }
+  if constexpr (FP8) {
+    in.a = *reinterpret_cast<const uint4*>(p0);
+    if (NEOX && p1 != nullptr) in.b = *reinterpret_cast<const uint4*>(p1);
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(p0);
+    in.a = make_uint4(v.x, v.y, 0, 0);
+    if (NEOX && p1 != nullptr) {
+      const uint2 v1 = *reinterpret_cast<const uint2*>(p1);
+      in.b = make_uint4(v1.x, v1.y, 0, 0);
+    }
+  }
+}
+
+// load_word_at of word w of a source's rows (unit-major, D * osize / 8 words per unit).
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ void load_word(WordIn& in, const Params& a, int64_t w) {
+  constexpr int E = FP8 ? 8 : 4;
+  const int wpr = (a.NOPE + a.ROPE) / E;
+  const int64_t u = w / wpr;
+  const int t = (int)(u / a.H);
+  load_word_at<NEOX, FP8>(in, a, t, (int)(u - (int64_t)t * a.H), (int)(w - u * wpr));
+}
+
+// The loaded word -> its 8 output bytes, with the same operations (and so the same bits) as emit_item.
+template <bool NEOX, bool FP8>
+__device__ __forceinline__ uint2 finish_word(const WordIn& in, const Params& a, const CosSin& cs) {
+  constexpr int E = FP8 ? 8 : 4;
+  const int nw = a.NOPE / E;
+  float x[8], x1[8], y[8];
+  bf16x8(in.a, x);  // (BF16: elements 4..7 unused)
+  if (in.j < nw) {
+    if constexpr (!FP8) return make_uint2(in.a.x, in.a.y);  // bf16 nope passes through
+    return to_fp8x8(x, a.quant_scale);
+  }
+  const float* row = cs.row(a, in.t);
+  const int pos = E * (in.j - nw), half = a.ROPE / 2;
+  if constexpr (!NEOX) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {  // pairs (2k, 2k + 1), k = pos / 2 + i
+      const float c = row[pos / 2 + i], s = row[half + pos / 2 + i];
+      y[2 * i] = rot0(x[2 * i], x[2 * i + 1], c, s);
+      y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], c, s);
+    }
+  } else {
+    bf16x8(in.b, x1);
+    const bool first = pos < half;  // first half: x0 * c - x1 * s; second: x0 * s + x1 * c
+    const int k0 = first ? pos : pos - half;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const float c = row[k0 + i], s = row[half + k0 + i];
+      y[i] = first ? rot0(x[i], x1[i], c, s) : rot1(x[i], x1[i], c, s);
+    }
+  }
+  if constexpr (FP8) {
+    return to_fp8x8(y, a.quant_scale);
+  } else {
+    const uint4 v = to_bf16x8(y);  // elements 0..3 in v.x, v.y
+    return make_uint2(v.x, v.y);
+  }
+}
+
+// Byte offset in `out` of output word w of source s (unit-major words, wpr per row).
+__device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t w, int wpr) {
+  const int64_t u = w / wpr;
+  const int64_t t = u / a.H, h = u - t * a.H;
+  return ((t * a.HOUT + s * a.H + h) * wpr + (w - u * wpr)) * 8;
+}
+
+// ------------------------------------------------------------------------------------ PUSH_LL12
+// LL12 (the LL push with denser lines): every 12 output bytes travel with their flag in one 16-byte line
+// {3 data words, flag} (st.volatile.v4) instead of LL's {data, flag, data, flag}: 3/4 of the line is data
+// (LL: 1/2). A thread converts 3 consecutive 8-byte output words (24 bytes: two lines) of a source's rows and
+// the consumer takes the pair once both lines' flags match. Same area, flag, work split and two-parity
+// argument as LL (query_direct.cu); the rows of a unit hold a multiple of 3 words (the host checks D * osize % 24).
+//
+// ASSUMPTION (not in the PTX memory model, which makes only each 8-byte element of a vector access
+// single-copy atomic): an aligned 16-byte store of one thread is seen whole by an aligned 16-byte load. It is
+// implied by the assumption NCCL's LL128 protocol (and this file's LL128 kernel) makes for whole 128-byte
+// lines written by 8 lanes of one instruction - every line store here is part of such a warp store. A torn
+// line shows up as wrong bytes in the graph-replay tests with changing inputs.
+constexpr int kTriple = 3;  // 8-byte output words per thread item (two 16-byte lines)
+
+__device__ __forceinline__ int64_t ll12_region(const Params& a, int par, int src, int osize) {
+  const int64_t triples = a.ll_max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE) * osize / (8 * kTriple);
+  return a.ll_off + (int64_t)(par * a.W + src) * triples * 32;
+}
+
+constexpr int kU12 = 2;  // triples per thread per round, every load in flight (4: register spills)
+
+// Word j of the row of unit u, as (token, head, word).
+struct UnitWord {
+  int t, h, j;
+};
+__device__ __forceinline__ UnitWord unit_word(const Params& a, int u0, int lw, int wpr) {
+  const int u = u0 + lw / wpr;
+  return {u / a.H, u % a.H, lw % wpr};
+}
+__device__ __forceinline__ int64_t out_off(const Params& a, int s, const UnitWord& x, int osize) {
+  return ((int64_t)x.t * a.HOUT + s * a.H + x.h) * (int64_t)(a.NOPE + a.ROPE) * osize + 8 * (int64_t)x.j;
+}
+
+// PUSH_LL12 publish: units [u0, u1) of our rows, triple by triple (a triple never spans two rows), to our
+// output and into our region of every peer's LL area (two lines per triple).
+template <bool NEOX, bool FP8>
+__device__ void publish_ll12(const Params& a, const CosSin& cs, int u0, int u1, int par, uint32_t f) {
+  constexpr int osize = FP8 ? 1 : 2;
+  const int wpr = (a.NOPE + a.ROPE) * osize / 8;
+  const int n = (u1 - u0) * wpr / kTriple;
+  const int64_t mine = ll12_region(a, par, a.rank, osize) + (int64_t)u0 * wpr / kTriple * 32;
+  char* const out = static_cast<char*>(a.out);
+  for (int base = threadIdx.x; base < n; base += kThreads * kU12) {
+    WordIn in[kU12][kTriple];
+#pragma unroll
+    for (int k = 0; k < kU12; ++k) {
+      const int idx = base + k * kThreads;
+      if (idx >= n) continue;
+      const UnitWord x = unit_word(a, u0, kTriple * idx, wpr);
+#pragma unroll
+      for (int q = 0; q < kTriple; ++q) load_word_at<NEOX, FP8>(in[k][q], a, x.t, x.h, x.j + q);
+    }
+#pragma unroll
+    for (int k = 0; k < kU12; ++k) {
+      const int idx = base + k * kThreads;
+      if (idx >= n) continue;
+      uint2 v[kTriple];
+#pragma unroll
+      for (int q = 0; q < kTriple; ++q) v[q] = finish_word<NEOX, FP8>(in[k][q], a, cs);
+      const UnitWord x{in[k][0].t, in[k][0].h, in[k][0].j};
+      uint2* o = reinterpret_cast<uint2*>(out + out_off(a, a.rank, x, osize));
+#pragma unroll
+      for (int q = 0; q < kTriple; ++q) o[q] = v[q];
+      for (int i = 1; i < a.W; ++i) {
+        uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine) + 2 * idx;
+        // (weak 16-byte stores measured the same, session 7)
+        peerdcp::st_volatile_v4(d, v[0].x, v[0].y, v[1].x, f);
+        peerdcp::st_volatile_v4(d + 1, v[1].y, v[2].x, v[2].y, f);
+      }
+    }
+  }
+}
+
+// PUSH_LL12 consume: every peer's triples of units [u0, u1) from our LL area into the output, each taken
+// once both of its lines carry `f`; one deadline per call, as copy_rows_ll.
+__device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
+  const int wpr = (a.NOPE + a.ROPE) * osize / 8;
+  const int per_src = (u1 - u0) * wpr / kTriple;
+  const int n = (a.W - 1) * per_src;
+  char* const out = static_cast<char*>(a.out);
+  const char* area = reinterpret_cast<const char*>(a.peers.base[a.rank]) + (int64_t)u0 * wpr / kTriple * 32;
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    const uint4* src[kUnroll];
+    int64_t dst[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      peer[k] = (a.rank + 1 + idx / per_src) % a.W;
+      const int li = idx % per_src;  // triple within this block's units
+      src[k] = reinterpret_cast<const uint4*>(area + ll12_region(a, par, peer[k], osize)) + 2 * li;
+      dst[k] = out_off(a, peer[k], unit_word(a, u0, kTriple * li, wpr), osize);
+    }
+    while (true) {
+      bool pending = false;
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (!need[k]) continue;
+        const uint4 l0 = peerdcp::ld_volatile_v4(src[k]);
+        const uint4 l1 = peerdcp::ld_volatile_v4(src[k] + 1);
+        if (l0.w == f && l1.w == f) {
+          uint2* o = reinterpret_cast<uint2*>(out + dst[k]);
+          o[0] = make_uint2(l0.x, l0.y);
+          o[1] = make_uint2(l0.z, l1.x);
+          o[2] = make_uint2(l1.y, l1.z);
+          need[k] = false;
+        } else {
+          pending = true;
+        }
+      }
+      if (!pending) break;
+      if (t0 == 0) t0 = globaltimer();
+      if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
+        for (int k = 0; k < kUnroll; ++k) {
+          if (need[k]) {
+            record_timeout(a, peer[k], (int64_t)f);
+            break;
+          }
+        }
+        expired = true;  // stop polling: one timeout bounds the whole call
+        break;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ PUSH_LL128
+// Medium T (the host picks it for push calls above the LL bound and within the LL128 bound): the push
+// publish with NCCL's LL128 protocol. A source's finished rows, taken as one sequence of 8-byte output
+// words (PW = T * H * D * osize / 8 of them, unit-major as in a push region), travel as 128-byte lines of
+// 15 data words + 1 flag word: lanes 8q .. 8q+7 of a warp store one line with one 16-byte store each,
+// lane 7's upper half is the flag fv = 2e + 1 (64-bit). The consumer loads a line the same way (one 16-byte
+// ld.volatile per lane) and takes it once lane 7 sees fv. No fence, no ready flag, 1/16 of the bytes are
+// flags (LL: 1/2), and each line is copied out as soon as it is there.
+//
+// ASSUMPTION (not in the PTX memory model; NCCL's LL128 makes it and enables the protocol by default on
+// NVLink Hopper; csrc/output_direct.cu's LL128 kernel makes it too): a 128-byte-aligned line written by 8
+// lanes of one warp store instruction is seen whole by a reader's 8-lane load of that line, never torn.
+// Every line store here is that one instruction (the flag enters by a select, a line's 8 lanes are valid
+// or invalid together). A torn line shows up as wrong bytes in the graph-replay tests with changing inputs.
+//
+// Work split: the NL = ceil(PW / 15) lines of a call are divided evenly over the NPROG blocks, the same on
+// every rank; block p publishes its lines of our rows to every peer and copies out the same lines of every
+// peer's rows. Area (at ll128_off): [2 parity][W src][ll128_lines] lines. Two parities suffice by the LL
+// argument (query_direct.cu), which is about whole grids, not blocks (the line split changes with T): a rank writes
+// a peer's parity area k in call e + 2 only after its own call e + 1 finished, which needed lines of that
+// peer's call e + 1, which the peer issues after its call e - the last reader of area k - completed (stream
+// order). fv = 2e + 1 differs from the value of call e - 2 (the area's previous use) and from zero.
+//
+// MEASURED (2 x H200, bench.query, 32 heads/rank, graph, 2026-11-30 session 7): correct (byte-identical
+// matrix, 10,000 graph replays with changing inputs on vmm and symm, back-to-back mixing every exchange,
+// missing peer -> PeerTimeoutError), but a fixed ~6.4 us at T = 1 (LL: 3.5, plain push: 5.0) and ~190 GB/s
+// of payload at the margin (plain push ~270), with weak and with volatile line stores alike - the same
+// fixed cost as csrc/output_direct.cu's LL128 kernel, cause not found: not the PDL overlap (without PDL:
+// 6.85 us) nor the two-blocks-per-SM occupancy (blocks of 128 threads: 6.22 us, slower at large T). It wins
+// in a band only (FP8 12.68-12.80 us at T = 96 against 13.45-13.56 for the plain push and 14.90 for LL; BF16:
+// never against roped), which is where the host uses it.
+constexpr int kLineData = 15;                   // data words per 128-byte line (word 15 is the flag)
+constexpr int kLineLanes = 8;                   // lanes per line, 16 bytes each
+constexpr int kU128 = 4;                        // lines per 8-lane group per round, every load in flight
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ int64_t ll128_region(const Params& a, int par, int src) {
+  return a.ll128_off + (int64_t)(par * a.W + src) * a.ll128_lines * 128;
+}
+
+template <bool NEOX, bool FP8>
+__global__ void __launch_bounds__(kThreads, 2) query_push_ll128_kernel(const Params a) {
+  constexpr int osize = FP8 ? 1 : 2;
+  constexpr int E = FP8 ? 8 : 4;
+  __shared__ int64_t e_sh;
+  __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
+  const int p = blockIdx.x, tid = threadIdx.x, W = a.W, H = a.H;
+  enter_call(a, p, &e_sh);
+  zero_padding(a, p, osize);
+  const int wpr = (a.NOPE + a.ROPE) / E;
+  const int64_t pw = (int64_t)a.T * H * wpr;
+  const int64_t nl = (pw + kLineData - 1) / kLineData;
+  const int64_t lo = nl * p / a.nprog, hi = nl * (p + 1) / a.nprog;
+  if (lo >= hi) return;  // after bumping the counter: every block counts every call
+  const int64_t w_last = min(hi * kLineData, pw) - 1;
+  const CosSin cs = stage_cos_sin(a, (int)(lo * kLineData / wpr / H), (int)(w_last / wpr / H), cs_sh);
+  __syncthreads();
+  const int64_t e = e_sh;
+  const int par = (int)(e & 1);
+  const uint64_t fv = 2 * (uint64_t)e + 1;
+  const uint32_t flo = (uint32_t)fv, fhi = (uint32_t)(fv >> 32);
+  const int lane = tid & (kLineLanes - 1), g = tid / kLineLanes;
+  const int kGroups = blockDim.x / kLineLanes;  // lines the block handles per step
+  const int n = (int)(hi - lo);  // lines of this block (per source)
+  char* const out = static_cast<char*>(a.out);
+
+  // ---- publish: words 15L + 2 lane (+1) of our rows, to our own output and into every peer's area
+  const int64_t mine = ll128_region(a, par, a.rank);
+  for (int base = 0; base < n; base += kGroups * kU128) {
+    WordIn in[kU128][2];
+    bool has[kU128][2];
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      const int64_t L = lo + base + k * kGroups + g;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int64_t w = L * kLineData + 2 * lane + q;
+        has[k][q] = L < hi && (q == 0 || lane < kLineLanes - 1) && w < pw;
+        if (has[k][q]) load_word<NEOX, FP8>(in[k][q], a, w);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      const int64_t L = lo + base + k * kGroups + g;
+      if (L >= hi) continue;  // the same for the 8 lanes of the line
+      uint2 x[2] = {make_uint2(0, 0), make_uint2(0, 0)};
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        if (!has[k][q]) continue;
+        x[q] = finish_word<NEOX, FP8>(in[k][q], a, cs);
+        const int64_t w = L * kLineData + 2 * lane + q;
+        *reinterpret_cast<uint2*>(out + out_word_off(a, a.rank, w, wpr)) = x[q];
+      }
+      // one 16-byte store per lane, one instruction per line; lane 7's upper half is the flag (a select)
+      const bool fl = lane == kLineLanes - 1;
+      const uint4 line = make_uint4(x[0].x, x[0].y, fl ? flo : x[1].x, fl ? fhi : x[1].y);
+      for (int i = 1; i < W; ++i) {
+        char* dst = reinterpret_cast<char*>(a.peers.base[(a.rank + i) % W]) + mine + L * 128;
+        *(reinterpret_cast<uint4*>(dst) + lane) = line;  // weak: st.volatile measured the same (session 7)
+      }
+    }
+  }
+
+  // ---- consume: lines [lo, hi) of every peer's rows in our area, each copied out once lane 7 sees fv.
+  // Warp-collective: a round issues every load first; lines not there yet are reloaded whole (never a mix
+  // of two reads) until the warp's lines are all there, against one deadline per wait; a peer whose line
+  // timed out is dead for this warp from then on (its rows stay as they are, the host raises).
+  const int flag_lane = (tid & 31) | (kLineLanes - 1);
+  const int n_items = (W - 1) * n;
+  const char* area = reinterpret_cast<const char*>(a.peers.base[a.rank]);
+  unsigned dead = 0;  // warp-uniform
+  for (int base = 0; base < n_items; base += kGroups * kU128) {  // the same trip count for every thread
+    uint4 v[kU128];
+    const uint4* src[kU128];
+    int s[kU128];
+    int64_t L[kU128];
+    bool live[kU128];
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      const int item = base + k * kGroups + g;
+      live[k] = item < n_items;
+      s[k] = live[k] ? (a.rank + 1 + item / n) % W : a.rank;
+      L[k] = lo + (live[k] ? item % n : 0);
+      live[k] = live[k] && !((dead >> s[k]) & 1u);
+      src[k] = reinterpret_cast<const uint4*>(area + ll128_region(a, par, s[k]) + L[k] * 128) + lane;
+      v[k] = live[k] ? peerdcp::ld_volatile_v4(src[k]) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kU128; ++k) {
+      live[k] = live[k] && !((dead >> s[k]) & 1u);  // a peer that timed out earlier in this round
+      bool rdy = __shfl_sync(kFullMask, !live[k] || (v[k].z == flo && v[k].w == fhi), flag_lane);
+      if (!__all_sync(kFullMask, rdy)) {
+        const uint64_t t0 = globaltimer();
+        int spins = 0;
+        while (true) {
+          if (!rdy) v[k] = peerdcp::ld_volatile_v4(src[k]);  // the whole line again
+          rdy = __shfl_sync(kFullMask, !live[k] || (v[k].z == flo && v[k].w == fhi), flag_lane);
+          if (__all_sync(kFullMask, rdy)) break;
+          if (++spins == 64) {
+            spins = 0;
+            const bool late = (int64_t)(globaltimer() - t0) > a.timeout_ns;
+            if (__shfl_sync(kFullMask, late, 0)) break;
+          }
+        }
+        const unsigned lost = __reduce_or_sync(kFullMask, rdy ? 0u : (1u << s[k]));
+        if (lost != 0) {  // timed out: those peers are dead for this warp
+          dead |= lost;
+          if ((tid & 31) == 0) record_timeout(a, __ffs(lost) - 1, (int64_t)fv);
+        }
+      }
+      if (!live[k] || !rdy) continue;
+      const int64_t w = L[k] * kLineData + 2 * lane;
+      if (w < pw) *reinterpret_cast<uint2*>(out + out_word_off(a, s[k], w, wpr)) = make_uint2(v[k].x, v[k].y);
+      if (lane < kLineLanes - 1 && w + 1 < pw)
+        *reinterpret_cast<uint2*>(out + out_word_off(a, s[k], w + 1, wpr)) = make_uint2(v[k].z, v[k].w);
+    }
+  }
+}
+
+}  // namespace

@@ -173,6 +173,19 @@ __device__ __forceinline__ void lse_load(const OutputDirectParams& p, const Geo&
   }
 }
 
+// kOptEarlyLoad (kVarEarly): a thread's first publish round and LSE item are loaded before the epoch read and
+// its barrier, so those latencies overlap; the publish loops then skip reloading item `threadIdx.x`.
+template <int kVar>
+__device__ __forceinline__ void early_loads(const OutputDirectParams& p, const Geo& g, int prog, PubRound& pr,
+                                            LseItem& li) {
+  if constexpr ((kVar & kVarEarly) != 0) {
+    if (prog < g.n_units) {
+      pub_load(p, g, prog, threadIdx.x, pr);
+      lse_load(p, g, prog, threadIdx.x, li);
+    }
+  }
+}
+
 __device__ __forceinline__ float sanitize(float l) { return (l < INFINITY) ? l : -INFINITY; }  // NaN, +inf -> -inf
 
 // The combine rule for one output vector (8 elements) from W sources: own source `rank` in (own_l, own_v),

@@ -27,12 +27,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
   const Geo g = make_geo(p, prog);
   PubRound pr;
   LseItem li;
-  if constexpr (kEarly) {  // first-round input loads in flight while the epoch is read
-    if (prog < g.n_units) {
-      pub_load(p, g, prog, tid, pr);
-      lse_load(p, g, prog, tid, li);
-    }
-  }
+  early_loads<kVar>(p, g, prog, pr, li);
   __shared__ int64_t s_epoch;
   advance_epoch(p, prog, &s_epoch);
   __syncthreads();

@@ -8,6 +8,38 @@
 
 namespace {
 
+// Poll one round of a thread's kUnroll items until each is taken - `take(k)` loads item k's lines and, once
+// they carry the call's flag, copies it out and returns true - against the call's one deadline (`t0`: 0 until
+// the first miss). On expiry it records the first missing item's peer and returns true: the caller stops
+// polling (one timeout bounds the whole call) and leaves the missing rows (the host raises).
+template <typename Take>
+__device__ __forceinline__ bool poll_round(const Params& a, bool (&need)[kUnroll], const int (&peer)[kUnroll],
+                                           uint32_t f, uint64_t& t0, Take take) {
+  while (true) {
+    bool pending = false;
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (!need[k]) continue;
+      if (take(k)) {
+        need[k] = false;
+      } else {
+        pending = true;
+      }
+    }
+    if (!pending) return false;
+    if (t0 == 0) t0 = globaltimer();
+    if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
+      for (int k = 0; k < kUnroll; ++k) {
+        if (need[k]) {
+          record_timeout(a, peer[k], (int64_t)f);
+          break;
+        }
+      }
+      return true;
+    }
+  }
+}
+
 // PUSH_LL consume: the peers' lines of units [u0, u1) from our LL area (parity `par`) into the output at
 // widened heads s*H + h, 8 output bytes per 16-byte line, each taken once both of its flags equal `f`.
 // Each thread polls its own lines (kUnroll at a time, all in flight) against one deadline for the whole
@@ -37,32 +69,12 @@ __device__ void copy_rows_ll(const Params& a, int u0, int u1, int par, uint32_t 
       dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 8 * (int64_t)q;
       peer[k] = s;
     }
-    while (true) {
-      bool pending = false;
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        if (!need[k]) continue;
-        const uint4 w = peerdcp::ld_volatile_v4(src[k]);
-        if (w.y == f && w.w == f) {
-          *reinterpret_cast<uint2*>(static_cast<char*>(a.out) + dst_off[k]) = make_uint2(w.x, w.z);
-          need[k] = false;
-        } else {
-          pending = true;
-        }
-      }
-      if (!pending) break;
-      if (t0 == 0) t0 = globaltimer();
-      if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
-        for (int k = 0; k < kUnroll; ++k) {
-          if (need[k]) {
-            record_timeout(a, peer[k], (int64_t)f);
-            break;
-          }
-        }
-        expired = true;  // stop polling: one timeout bounds the whole call
-        break;
-      }
-    }
+    expired = poll_round(a, need, peer, f, t0, [&](int k) {
+      const uint4 w = peerdcp::ld_volatile_v4(src[k]);
+      if (w.y != f || w.w != f) return false;
+      *reinterpret_cast<uint2*>(static_cast<char*>(a.out) + dst_off[k]) = make_uint2(w.x, w.z);
+      return true;
+    });
   }
 }
 
@@ -264,36 +276,16 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
       src[k] = reinterpret_cast<const uint4*>(area + ll12_region(a, par, peer[k], osize)) + 2 * li;
       dst[k] = out_off(a, peer[k], unit_word(a, u0, kTriple * li, wpr), osize);
     }
-    while (true) {
-      bool pending = false;
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        if (!need[k]) continue;
-        const uint4 l0 = peerdcp::ld_volatile_v4(src[k]);
-        const uint4 l1 = peerdcp::ld_volatile_v4(src[k] + 1);
-        if (l0.w == f && l1.w == f) {
-          uint2* o = reinterpret_cast<uint2*>(out + dst[k]);
-          o[0] = make_uint2(l0.x, l0.y);
-          o[1] = make_uint2(l0.z, l1.x);
-          o[2] = make_uint2(l1.y, l1.z);
-          need[k] = false;
-        } else {
-          pending = true;
-        }
-      }
-      if (!pending) break;
-      if (t0 == 0) t0 = globaltimer();
-      if ((int64_t)(globaltimer() - t0) > a.timeout_ns) {
-        for (int k = 0; k < kUnroll; ++k) {
-          if (need[k]) {
-            record_timeout(a, peer[k], (int64_t)f);
-            break;
-          }
-        }
-        expired = true;  // stop polling: one timeout bounds the whole call
-        break;
-      }
-    }
+    expired = poll_round(a, need, peer, f, t0, [&](int k) {
+      const uint4 l0 = peerdcp::ld_volatile_v4(src[k]);
+      const uint4 l1 = peerdcp::ld_volatile_v4(src[k] + 1);
+      if (l0.w != f || l1.w != f) return false;
+      uint2* o = reinterpret_cast<uint2*>(out + dst[k]);
+      o[0] = make_uint2(l0.x, l0.y);
+      o[1] = make_uint2(l0.z, l1.x);
+      o[2] = make_uint2(l1.y, l1.z);
+      return true;
+    });
   }
 }
 

@@ -19,13 +19,16 @@ constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
 constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kPushLL12 = 6;
+constexpr int kPushLLR = 7;  // PUSH_LL with the rope part sent un-rotated (query_lines.cuh)
 constexpr int kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
-// peer's slot (PUSH), our region of every peer's LL area (PUSH_LL).
-constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3;
+// peer's slot (PUSH), our region of every peer's LL area (PUSH_LL); kPubPeersOnly: our region of every
+// peer's slot and NOT the output (PUSH with kModeOwnAfter: our own rows are written after the release).
+constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3, kPubPeersOnly = 4;
 constexpr int kModePdl = 8;     // `mode` bit: launch with programmatic dependent launch (query_direct.cu)
 constexpr int kModeEarly = 16;  // `mode` bit: PUSH_LL loads its first round of inputs before the barrier
-constexpr int kModeBits = kModePdl | kModeEarly;
+constexpr int kModeOwnAfter = 32;  // `mode` bit: PUSH converts our own rows into the output after the release
+constexpr int kModeBits = kModePdl | kModeEarly | kModeOwnAfter;
 
 struct Peers {
   uint64_t base[kMaxW];
@@ -51,6 +54,7 @@ struct Params {
   int64_t ll_off, ll_max_tokens;  // PUSH_LL area: [2 parity][W src][ll_max_tokens][H][2 * D * osize] bytes
   int64_t ll128_off, ll128_lines; // PUSH_LL128 area: [2 parity][W src][ll128_lines] 128-byte lines
   int early;                      // PUSH_LL: load the first round of inputs before the epoch / cos-sin barrier
+  int own_after;                  // PUSH: our own rows into the output after the release, not during the publish
 };
 
 // Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "query_common.cuh"
+#include "query_rows.cuh"
 
 namespace {
 
@@ -287,6 +288,170 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
       return true;
     });
   }
+}
+
+// ------------------------------------------------------------------------------------ PUSH_LLR
+// PUSH_LL with the rope part sent as it came (bf16, un-rotated; mode 7, interleaved RoPE only). The LL
+// publish needs the cos/sin rows of its tokens, i.e. positions -> cos/sin: two dependent loads plus a block
+// barrier before its first line leaves. Here a block stores its lines as soon as its inputs and its call
+// counter are loaded, then runs that chain while the lines fly; the consumer rotates (and converts) each rope
+// line it takes with the same fp32 operations as the producer-side path (rotate_interleaved, to_fp8x8), so the
+// bytes are the same. A line's 4 rope values are two whole interleaved pairs (NeoX pairs i with i + ROPE/2,
+// which lie in another line: rejected by the C entry).
+// Lines of unit u = t*H + h (16 bytes, {w0, f, w1, f} as LL) at u * lpu in a source's LL region: NOPE*osize/8
+// lines of finished nope bytes, then ROPE/4 lines of 4 raw bf16 rope values. Area, flag 2e+1 and the
+// two-parity argument are LL's (query_direct.cu); the C entry checks that T units of lpu lines fit the region.
+// The call counter: every thread loads it before the block's first barrier and thread 0 stores the bumped
+// value after it (the barrier orders every thread's load before that store), so no thread waits for a
+// broadcast before it publishes (enter_call's broadcast would put the cos/sin chain's barrier first).
+template <bool FP8>
+__device__ __forceinline__ int llr_nope_lines(const Params& a) {
+  return a.NOPE * (FP8 ? 1 : 2) / 8;
+}
+
+// PUSH_LLR consume: the peers' lines of units [u0, u1) into the output, each once both its flags equal f:
+// nope lines copied (8 bytes), rope lines rotated and converted (4 values: 4 FP8 / 8 bf16 bytes).
+template <bool FP8>
+__device__ void copy_rows_llr(const Params& a, const CosSin& cs, int u0, int u1, int par, uint32_t f) {
+  constexpr int osize = FP8 ? 1 : 2;
+  const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
+  const int nl = llr_nope_lines<FP8>(a), lpu = nl + a.ROPE / 4, half = a.ROPE / 2;
+  const int per_src = (u1 - u0) * lpu;
+  const int n = (a.W - 1) * per_src;
+  char* const out = static_cast<char*>(a.out);
+  const char* const area = reinterpret_cast<const char*>(a.peers.base[a.rank]);
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    const uint4* src[kUnroll];
+    int64_t dst[kUnroll];
+    int peer[kUnroll], tok[kUnroll], r[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      const int s = (a.rank + 1 + idx / per_src) % a.W;
+      const int rem = idx % per_src;
+      const int u = u0 + rem / lpu, q = rem % lpu, t = u / a.H, h = u % a.H;
+      src[k] = reinterpret_cast<const uint4*>(area + ll_region(a, par, s, osize)) + (int64_t)u * lpu + q;
+      r[k] = q - nl;  // rope line r (4 values, pairs 2r and 2r + 1), or < 0: nope line q
+      dst[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes +
+               (r[k] < 0 ? 8 * (int64_t)q : (int64_t)a.NOPE * osize + 4 * osize * (int64_t)r[k]);
+      tok[k] = t;
+      peer[k] = s;
+    }
+    expired = poll_round(a, need, peer, f, t0, [&](int k) {
+      const uint4 w = peerdcp::ld_volatile_v4(src[k]);
+      if (w.y != f || w.w != f) return false;
+      if (r[k] < 0) {
+        *reinterpret_cast<uint2*>(out + dst[k]) = make_uint2(w.x, w.z);
+        return true;
+      }
+      const float* row = cs.row(a, tok[k]);
+      const float x[4] = {__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                          __uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u)};
+      float y[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float c = row[2 * r[k] + i], sn = row[half + 2 * r[k] + i];
+        y[2 * i] = rot0(x[2 * i], x[2 * i + 1], c, sn);
+        y[2 * i + 1] = rot1(x[2 * i], x[2 * i + 1], c, sn);
+      }
+      if constexpr (FP8) {  // as to_fp8x8: scale, then pairs through cvt.rn.satfinite
+        uint32_t hh[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float2 v = make_float2(__fmul_rn(y[2 * i], a.quant_scale), __fmul_rn(y[2 * i + 1], a.quant_scale));
+          hh[i] = (uint32_t)__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3);
+        }
+        *reinterpret_cast<uint32_t*>(out + dst[k]) = hh[0] | (hh[1] << 16);
+      } else {
+        uint32_t ww[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(y[2 * i]));
+          const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(y[2 * i + 1]));
+          ww[i] = lo | (hi << 16);
+        }
+        *reinterpret_cast<uint2*>(out + dst[k]) = make_uint2(ww[0], ww[1]);
+      }
+      return true;
+    });
+  }
+}
+
+template <bool FP8>
+__global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a) {
+  constexpr int osize = FP8 ? 1 : 2;
+  __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
+  const int p = blockIdx.x, tid = threadIdx.x, H = a.H;
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+  const int64_t e = a.epochs[p] + 1;  // every thread (thread 0 stores it after the barrier below)
+  zero_padding(a, p, osize);
+  const int n_units = a.T * H;
+  const int upp = (n_units + a.nprog - 1) / a.nprog;
+  const int u0 = p * upp, u1 = min(u0 + upp, n_units);
+  if (u0 >= u1) {  // every block counts every call (the other threads' loads are not used)
+    if (tid == 0) a.epochs[p] = e;
+    return;
+  }
+  const int par = (int)(e & 1);
+  const uint32_t f = (uint32_t)(2 * e + 1);
+  const int nv = a.NOPE / 8, nl = llr_nope_lines<FP8>(a), lpu = nl + a.ROPE / 4;
+  const int n = (u1 - u0) * items_per_unit<false>(a);
+  const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
+  const int64_t mine = ll_region(a, par, a.rank, osize);
+
+  // ---- publish every 16-byte input vector of our units to every peer: nope converted, rope as it came
+  Item first[kUnroll];  // the first round, kept for our own rows below
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) first[k].j = -1;
+  for (int base = tid; base < n; base += kThreads * kUnroll) {
+    Item it[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      it[k].j = -1;
+      if (idx < n) load_item<false, false>(it[k], a, own, u0, u1, idx);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (base == tid) first[k] = it[k];
+      if (it[k].j < 0) continue;
+      uint4 v = it[k].a;
+      int line = nl + 2 * (it[k].j - nv);  // rope: two lines of raw bf16
+      bool two = true;
+      if (it[k].j < nv) {
+        if constexpr (FP8) {
+          float x[8];
+          bf16x8(it[k].a, x);
+          const uint2 c = to_fp8x8(x, a.quant_scale);
+          v = make_uint4(c.x, c.y, 0, 0);
+          line = it[k].j;
+          two = false;
+        } else {
+          line = 2 * it[k].j;  // bf16 nope passes through
+        }
+      }
+      const int64_t off = mine + ((int64_t)(it[k].t * H + it[k].h) * lpu + line) * 16;
+      for (int i = 1; i < a.W; ++i) {
+        uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + off);
+        peerdcp::st_volatile_v4(d, v.x, f, v.y, f);
+        if (two) peerdcp::st_volatile_v4(d + 1, v.z, f, v.w, f);
+      }
+    }
+  }
+  // ---- the cos/sin rows while the lines fly, then our own rows (the first round from registers)
+  const CosSin cs = stage_cos_sin(a, u0 / H, (u1 - 1) / H, cs_sh);
+  __syncthreads();
+  if (tid == 0) a.epochs[p] = e;
+  const Pub pub{par, f};
+  emit_round<false, FP8, kPubNone>(a, cs, first, pub);
+  compute_units<false, FP8, false, kPubNone>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
+  if (a.W > 1) copy_rows_llr<FP8>(a, cs, u0, u1, par, f);
 }
 
 // ------------------------------------------------------------------------------------ PUSH_LL128

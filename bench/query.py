@@ -60,8 +60,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
             )
     # TUNING variants (read at construction): PDL never / at every T; each flag-in-data protocol of the push
     # (LL, LL12, LL128: gather.TUNING) never / at every T; none (the fenced push at every T); the LL push
-    # without its early first load; LLR (rope un-rotated on the wire) on / off / at every T; the fenced push
-    # with its own rows after the release on / off
+    # without its early first load; LLR (rope un-rotated on the wire) on / off / at every T
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     big = 1 << 40
     off = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
@@ -77,8 +76,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v.append(("direct-cuda-auto-vmm-llr", dict(cu, tuning={"cuda_ll_raw_rope": True})))
     v.append(("direct-cuda-auto-vmm-nollr", dict(cu, tuning={"cuda_ll_raw_rope": False})))
     v.append(("direct-cuda-auto-vmm-allllr", dict(cu, tuning=dict(off, cuda_ll_max_bytes=big, cuda_ll_raw_rope=True))))
-    v.append(("direct-cuda-auto-vmm-ownafter", dict(cu, tuning={"cuda_push_own_after": True})))
-    v.append(("direct-cuda-auto-vmm-noownafter", dict(cu, tuning={"cuda_push_own_after": False})))
+
     if quick:
         keep = {
             "direct-cuda-auto-vmm",

@@ -17,6 +17,9 @@ Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer
 * ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
 * ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge).
   Targets: ``sh_score <= 1.1/W * rep_score``; index-K bytes per rank = 1/W of replicated.
+* ``empty``  - a one-program Triton kernel that stores one value, timed the same way: the per-call floor of
+  any kernel in this harness, which both scans pay (with the bytes each reads, it bounds the ratio a
+  latency-bound call can reach).
 
 Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
 the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
@@ -30,11 +33,18 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 from bench.common import add_common_args, header, plot_series, run_ranks, slowest_rank, time_op
 
 K = 2048
 MODELS = {"DeepSeek-V3.2": 64, "GLM-5": 32}
+
+
+@triton.jit
+def _empty_kernel(out):
+    tl.store(out + tl.program_id(0), 1.0)
 
 
 def _ids_from_keys(v: torch.Tensor) -> torch.Tensor:
@@ -148,6 +158,8 @@ def indexer_rank(cfg: dict) -> list[dict]:
     dev = _device(cfg)
     out = []
     tk = peerdcp.TopK(max_rows=max(cfg["index_rows"]), topk=K, device=dev)
+    flag = torch.zeros(1, device=dev)
+    empty = _time(cfg, lambda i: _empty_kernel[(1,)](flag)) if dev.type == "cuda" else float("nan")
     try:
         for model, H in MODELS.items():
             for ctx in cfg["contexts"]:
@@ -201,6 +213,7 @@ def indexer_rank(cfg: dict) -> list[dict]:
                         ("sh_pipe", sh_pipe),
                     ):
                         row[name] = _time(cfg, fn)
+                    row["empty"] = empty
                     row["score_ratio"] = row["sh_score"] / row["rep_score"]
                     row["score_target"] = 1.1 / W
                     row["pipe_speedup"] = row["rep_pipe"] / row["sh_pipe"]
@@ -303,7 +316,7 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
     print(f"# json: {outdir / 'topk.json'}")
     if index:
         print("\nIndexer pipeline (µs; score_ratio target <= score_target; bytes per rank)")
-        cols = ["model", "ctx", "rows", "exact", "rep_score", "sh_score", "score_ratio", "score_target"]
+        cols = ["model", "ctx", "rows", "exact", "empty", "rep_score", "sh_score", "score_ratio", "score_target"]
         cols += ["rep_pipe", "sh_pipe", "pipe_speedup", "bytes_rep_MB", "bytes_sh_MB", "bytes_ratio"]
         print(_table(index, cols))
     if merge:

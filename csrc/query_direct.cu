@@ -129,11 +129,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
     // (8-byte FP8 stores: pairing two lanes' codes into one 16-byte store by a shuffle measured 25-35 %
     // slower at T >= 32, 2026-11-30 session 6)
-    if (a.own_after) {  // NVLink stores only; our own rows follow the release (below)
-      compute_units<NEOX, FP8, false, kPubPeersOnly>(a, cs, u0, u1, own, pub);
-    } else {
-      compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, pub);
-    }
+    compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kPushLL) {
     // the flag travels inside every 8-byte word: no fence, no ready flag, no barrier
     if (a.early) {
@@ -156,8 +152,6 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   // ---- own rows while the flags fly
   if constexpr (MODE == kRaw) {
     compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, pub);
-  } else if constexpr (MODE == kPush) {
-    if (a.own_after) compute_units<NEOX, FP8, false, kPubNone>(a, cs, u0, u1, own, pub);  // inputs still in L2
   } else if constexpr (MODE == kExposed) {
     const Sources own{reinterpret_cast<const uint16_t*>(my_slot),
                       reinterpret_cast<const uint16_t*>(my_slot + pe_region_bytes),
@@ -248,9 +242,7 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.ll_off = ll_off, a.ll_max_tokens = ll_max_tokens;
   a.ll128_off = ll128_off, a.ll128_lines = ll128_lines;
   a.early = (mode & kModeEarly) != 0;
-  a.own_after = (mode & kModeOwnAfter) != 0;
   if ((mode & kModeEarly) && (mode & ~kModeBits) != kPushLL) return (int)cudaErrorInvalidValue;
-  if ((mode & kModeOwnAfter) && (mode & ~kModeBits) != kPush) return (int)cudaErrorInvalidValue;
   if (T <= 0) return (int)cudaSuccess;
   const bool pdl = (mode & kModePdl) != 0;
   switch (mode & ~kModeBits) {

@@ -382,6 +382,39 @@ __device__ void copy_rows_llr(const Params& a, const CosSin& cs, int u0, int u1,
   }
 }
 
+// PUSH_LLR publish of one loaded round (items with j < 0 skipped): each 16-byte input vector of our rows into
+// our region `mine` of every peer's LL area, nope converted (FP8: one line; BF16: two), rope as it came (two).
+template <bool FP8>
+__device__ __forceinline__ void llr_publish_round(const Params& a, const Item (&it)[kUnroll], int64_t mine,
+                                                  uint32_t f) {
+  const int nv = a.NOPE / 8, nl = llr_nope_lines<FP8>(a), lpu = nl + a.ROPE / 4;
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    if (it[k].j < 0) continue;
+    uint4 v = it[k].a;
+    int line = nl + 2 * (it[k].j - nv);  // rope: two lines of raw bf16
+    bool two = true;
+    if (it[k].j < nv) {
+      if constexpr (FP8) {
+        float x[8];
+        bf16x8(it[k].a, x);
+        const uint2 c = to_fp8x8(x, a.quant_scale);
+        v = make_uint4(c.x, c.y, 0, 0);
+        line = it[k].j;
+        two = false;
+      } else {
+        line = 2 * it[k].j;  // bf16 nope passes through
+      }
+    }
+    const int64_t off = mine + ((int64_t)(it[k].t * a.H + it[k].h) * lpu + line) * 16;
+    for (int i = 1; i < a.W; ++i) {
+      uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + off);
+      peerdcp::st_volatile_v4(d, v.x, f, v.y, f);
+      if (two) peerdcp::st_volatile_v4(d + 1, v.z, f, v.w, f);
+    }
+  }
+}
+
 template <bool FP8>
 __global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a) {
   constexpr int osize = FP8 ? 1 : 2;
@@ -400,16 +433,22 @@ __global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a
   }
   const int par = (int)(e & 1);
   const uint32_t f = (uint32_t)(2 * e + 1);
-  const int nv = a.NOPE / 8, nl = llr_nope_lines<FP8>(a), lpu = nl + a.ROPE / 4;
   const int n = (u1 - u0) * items_per_unit<false>(a);
   const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
   const int64_t mine = ll_region(a, par, a.rank, osize);
 
-  // ---- publish every 16-byte input vector of our units to every peer: nope converted, rope as it came
-  Item first[kUnroll];  // the first round, kept for our own rows below
+  // ---- publish: the first round's inputs are requested, then the positions and cos/sin rows (so that chain
+  // runs beside the input loads, not after them), then every round goes out to the peers
+  Item first[kUnroll];  // kept for our own rows below
 #pragma unroll
-  for (int k = 0; k < kUnroll; ++k) first[k].j = -1;
-  for (int base = tid; base < n; base += kThreads * kUnroll) {
+  for (int k = 0; k < kUnroll; ++k) {
+    const int idx = tid + k * kThreads;
+    first[k].j = -1;
+    if (idx < n) load_item<false, false>(first[k], a, own, u0, u1, idx);
+  }
+  const CosSinPrefetch pf = prefetch_cos_sin(a, u0 / H, (u1 - 1) / H);
+  llr_publish_round<FP8>(a, first, mine, f);
+  for (int base = tid + kThreads * kUnroll; base < n; base += kThreads * kUnroll) {
     Item it[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -417,35 +456,10 @@ __global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a
       it[k].j = -1;
       if (idx < n) load_item<false, false>(it[k], a, own, u0, u1, idx);
     }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      if (base == tid) first[k] = it[k];
-      if (it[k].j < 0) continue;
-      uint4 v = it[k].a;
-      int line = nl + 2 * (it[k].j - nv);  // rope: two lines of raw bf16
-      bool two = true;
-      if (it[k].j < nv) {
-        if constexpr (FP8) {
-          float x[8];
-          bf16x8(it[k].a, x);
-          const uint2 c = to_fp8x8(x, a.quant_scale);
-          v = make_uint4(c.x, c.y, 0, 0);
-          line = it[k].j;
-          two = false;
-        } else {
-          line = 2 * it[k].j;  // bf16 nope passes through
-        }
-      }
-      const int64_t off = mine + ((int64_t)(it[k].t * H + it[k].h) * lpu + line) * 16;
-      for (int i = 1; i < a.W; ++i) {
-        uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + off);
-        peerdcp::st_volatile_v4(d, v.x, f, v.y, f);
-        if (two) peerdcp::st_volatile_v4(d + 1, v.z, f, v.w, f);
-      }
-    }
+    llr_publish_round<FP8>(a, it, mine, f);
   }
-  // ---- the cos/sin rows while the lines fly, then our own rows (the first round from registers)
-  const CosSin cs = stage_cos_sin(a, u0 / H, (u1 - 1) / H, cs_sh);
+  // ---- our own rows (the first round from registers), then the peers' lines
+  const CosSin cs = commit_cos_sin(pf, cs_sh);
   __syncthreads();
   if (tid == 0) a.epochs[p] = e;
   const Pub pub{par, f};

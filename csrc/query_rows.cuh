@@ -76,9 +76,9 @@ template <int PUB, typename V>
 __device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, const Pub& pub, int64_t off,
                                     const V& v) {
   constexpr int osize = sizeof(V) == 8 ? 1 : 2;  // a uint2 holds 8 FP8 codes, a uint4 8 bf16 values
-  if constexpr (PUB != kPubPeersOnly) *reinterpret_cast<V*>(static_cast<char*>(d1) + off) = v;
+  *reinterpret_cast<V*>(static_cast<char*>(d1) + off) = v;
   if constexpr (PUB == kPubOwn) *reinterpret_cast<V*>(slot_of(a, a.rank, pub.slot) + row_off + off) = v;
-  if constexpr (PUB == kPubPeers || PUB == kPubPeersOnly) {
+  if constexpr (PUB == kPubPeers) {
     const int64_t mine = (int64_t)a.rank * push_region(a, osize) + row_off + off;
     for (int i = 1; i < a.W; ++i) *reinterpret_cast<V*>(slot_of(a, (a.rank + i) % a.W, pub.slot) + mine) = v;
   }

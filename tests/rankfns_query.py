@@ -195,14 +195,13 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
 # (read at construction): LL, LL12, LL128 and the fenced plain push.
 _ALL = 1 << 40
 _OFF = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
-_STD = {"cuda_ll_raw_rope": False, "cuda_push_own_after": False}
+_STD = {"cuda_ll_raw_rope": False}
 CUDA_PUSH = {
-    "push": dict(_STD, cuda_ll_max_bytes=_ALL),
-    "push_llr": dict(_STD, cuda_ll_max_bytes=_ALL, cuda_ll_raw_rope=True),  # LL on NeoX cases
-    "push_ll12": dict(_STD, **_OFF, cuda_ll12_max_bytes=_ALL),
-    "push_ll128": dict(_STD, **_OFF, cuda_ll128_max_bytes=_ALL),
-    "push_plain": dict(_STD, **_OFF),
-    "push_ownafter": dict(_OFF, cuda_push_own_after=True),
+    "push": {**_STD, "cuda_ll_max_bytes": _ALL},
+    "push_llr": {"cuda_ll_max_bytes": _ALL, "cuda_ll_raw_rope": True},  # LL on NeoX cases
+    "push_ll12": {**_STD, **_OFF, "cuda_ll12_max_bytes": _ALL},
+    "push_ll128": {**_STD, **_OFF, "cuda_ll128_max_bytes": _ALL},
+    "push_plain": _OFF,
 }
 
 

@@ -478,6 +478,19 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
         gid = ref.global_id(torch.arange(nloc), r, W, I)
         bit &= torch.equal(sh[t, :nloc].view(torch.int32), rp[t, gid].view(torch.int32))
     res["bitwise_vs_replicated"] = bool(bit)
+    # a block table narrower than the rows: local rows past its 2 pages score -inf, the ones before are as
+    # with the full table (the kernel never reads a table entry past the row's columns)
+    c = caches["replicated"]
+    narrow = c.block_table(torch.tensor([starts[s] for s in row_seq], device=dev), 2)
+    o3 = peerdcp.topk.indexer_logits(
+        q.to(dev), w.to(dev), c, row_len.to(dev), block_table=narrow, max_seq_len=max(S)
+    ).cpu()
+    cut = 2 * P
+    res["narrow_table"] = (
+        o3.shape == rp.shape
+        and torch.equal(o3[:, :cut].view(torch.int32), rp[:, :cut].view(torch.int32))
+        and bool(torch.isneginf(o3[:, cut:]).all())
+    )
     # default addressing (no block table, one sequence at slot 0, max_seq_len from seq_lens)
     c = caches["owner_sharded"]
     lens0 = torch.tensor([300, 298])

@@ -1,8 +1,7 @@
 """The Query CUDA entry point's argument checks, without a GPU (needs nvcc + ninja to build the library):
-bad geometry, unknown modes, the early bit on any mode but LL push, the own-after bit on any mode but the
-fenced push, an LLR call with NeoX RoPE, and an LL / LL12 / LLR / LL128 push call beyond its area are rejected
-with cudaErrorInvalidValue before anything touches CUDA, the PDL bit is accepted on every valid mode, and T = 0
-returns success without a launch."""
+bad geometry, unknown modes, the early bit on any mode but LL push, an LLR call with NeoX RoPE, and an LL /
+LL12 / LLR / LL128 push call beyond its area are rejected with cudaErrorInvalidValue before anything touches
+CUDA, the PDL bit is accepted on every valid mode, and T = 0 returns success without a launch."""
 
 from __future__ import annotations
 
@@ -47,8 +46,6 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(mode=K.MODE_PUSH_LLR, T=1, ll_max=2, neox=1) == INVALID
     assert _call(mode=K.MODE_PUSH_LLR, T=2, ll_max=2, fp8=0, neox=1) == INVALID
     assert _call(mode=K.MODE_PUSH_LLR, T=3, ll_max=2, fp8=0) == INVALID
-    for mode in (K.MODE_OWN_AFTER, K.MODE_PUSH_LL | K.MODE_OWN_AFTER, K.MODE_PUSH_LLR | K.MODE_OWN_AFTER):
-        assert _call(mode=mode, ll_max=8) == INVALID  # the own-after bit is for the fenced push only
     assert _call(mode=K.MODE_PUSH_LL, T=9, ll_max=8) == INVALID  # beyond the LL area
     assert _call(mode=K.MODE_PUSH_LL12, T=9, ll_max=8) == INVALID
     # LL12 needs rows of whole 24-byte triples: D * osize = 560 (FP8) / 1120 (BF16) is not
@@ -64,7 +61,7 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():
     modes = (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH, K.MODE_PUSH_LL, K.MODE_PUSH_LL128, K.MODE_PUSH_LL12)
-    modes += (K.MODE_PUSH_LLR, K.MODE_PUSH | K.MODE_OWN_AFTER, K.MODE_PUSH_LL | K.MODE_EARLY)
+    modes += (K.MODE_PUSH_LLR, K.MODE_PUSH_LL | K.MODE_EARLY)
     for mode in modes:
         for pdl in (0, K.MODE_PDL):
             assert _call(T=0, mode=mode | pdl) == 0

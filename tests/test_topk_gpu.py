@@ -90,6 +90,7 @@ def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
             assert r[lay]["values"] and r[lay]["mask"], r
         assert r["bitwise_vs_replicated"], r
         assert r["no_table"], r
+        assert r["narrow_table"], r
 
 
 @pytest.mark.parametrize("memory", MEMORIES)

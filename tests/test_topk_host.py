@@ -158,6 +158,7 @@ def test_scoring_kernel_against_reference(pools, world, interleave, upcast):
             assert r[lay]["values"] and r[lay]["mask"], r
         if not upcast:  # the interpreter's exact fp64 dot is position-independent; its fp32 BLAS is not
             assert r["bitwise_vs_replicated"] and r["no_table"], r
+        assert r["narrow_table"], r
 
 
 @pytest.mark.parametrize("world,interleave", [(2, 64), (4, 1)])

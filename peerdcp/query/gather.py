@@ -95,8 +95,6 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # "cuda_ll_raw_rope": LL calls with interleaved RoPE use the LLR protocol (kernels.MODE_PUSH_LLR): the rope part
 # travels un-rotated and the consumer rotates it, so a producer's lines leave before its positions -> cos/sin
 # loads (16 more lines per (token, head) for FP8: 80 instead of 72).
-# "cuda_push_own_after": fenced push calls convert this rank's own rows into the output after the release
-# (while the flags fly), not during the publish (kernels.MODE_OWN_AFTER).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
 TUNING = {
     "cuda_pdl_max_tokens": 32,
@@ -105,7 +103,6 @@ TUNING = {
     "cuda_ll128_max_bytes": 0,
     "cuda_ll_early": True,
     "cuda_ll_raw_rope": False,
-    "cuda_push_own_after": False,
 }
 
 
@@ -282,7 +279,6 @@ class QueryGather:
         self._ll128_lines = 0  # 128-byte lines per (parity, source) of the LL128 area
         self._early = False  # LL push calls load their first inputs early (TUNING["cuda_ll_early"])
         self._llr = False  # LL push calls use the LLR protocol (TUNING["cuda_ll_raw_rope"])
-        self._own_after = False  # fenced push calls write own rows after the release (TUNING["cuda_push_own_after"])
 
         reasons: list[str] = []
         chosen = backend
@@ -325,7 +321,6 @@ class QueryGather:
                     llr_bytes = (nope_dim * out_dtype.itemsize // 8 + rope_dim // 4) * 16
                     ll_bytes = 2 * self.head_dim * out_dtype.itemsize  # what the area holds per (token, head)
                     self._ll_area = max(self._ll_area, -(-self._ll_max * llr_bytes // ll_bytes))
-                self._own_after = bool(TUNING["cuda_push_own_after"])
                 self._ll128_lines = -(-(self._ll128_max * row_bytes // 8) // 15)  # 15 data words per line
             self._early = bool(TUNING["cuda_ll_early"])
             if self._push_slots:
@@ -710,8 +705,6 @@ class QueryGather:
             pdl = K.MODE_PDL if self._pdl_max >= T else 0  # PDL for T <= cuda_pdl_max_tokens (local to a rank)
             if mode == K.MODE_PUSH_LL and self._early:
                 pdl |= K.MODE_EARLY
-            if mode == K.MODE_PUSH and self._own_after:
-                pdl |= K.MODE_OWN_AFTER
 
             ops.query_direct(
                 q_nope,

@@ -109,7 +109,6 @@ MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-b
 MODE_PUSH_LLR = 7  # CUDA kernel only: MODE_PUSH_LL with the rope part un-rotated, the consumer rotates (interleaved)
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL: load the first inputs before the barrier
-MODE_OWN_AFTER = 32  # CUDA kernel only: a bit added to MODE_PUSH: our own rows into the output after the release
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)
 _RAW = tl.constexpr(MODE_RAW)

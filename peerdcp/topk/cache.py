@@ -275,7 +275,8 @@ def indexer_logits(
         cache: the :class:`IndexKCache`.
         seq_lens: ``[T]`` int32/int64 **global** sequence lengths (tokens ``0 .. L-1`` are attended).
         block_table: optional ``[T, pages]`` int32 local pages per row (see :meth:`IndexKCache.block_table`);
-            None: every row reads the sequence at logical slot 0.
+            None: every row reads the sequence at logical slot 0. Local rows past ``pages * page_size`` score
+            -inf (a row whose length exceeds its table reads no page outside it).
         max_seq_len: the largest ``seq_lens`` entry (host int). Sets ``L_local_max`` without a device
             sync; needed under CUDA-graph capture unless ``block_table`` is given.
 
@@ -352,6 +353,7 @@ def indexer_logits(
             seq_lens,
             table,
             table.stride(0) if block_table is not None else 0,
+            table.shape[1] if block_table is not None else 0,
             store.view(-1).view(torch.float8_e4m3fn),
             store.view(-1).view(torch.float32),
             out,

@@ -13,6 +13,9 @@ Variants (each checked equal to the library kernel's output first; DeepSeek-V3.2
 * ``v1np1`` / ``v1np4`` - ``v1`` with 1 / 4 pages per program forced; ``v1w8`` - 8 warps.
 * ``empty``  - a one-program kernel that stores one value: the per-call floor of any kernel in this harness.
 
+Session 8 (call 1) ran this against the kernel of that time; ``v1`` measured 0.1-3 us faster than ``lib``
+and became the library's kernel (peerdcp/topk/kernels.py), so ``lib`` and ``v1`` are the same since.
+
 Prints one table: µs per call (CUDA graph, 20 calls per replay, slowest rank, median), replicated (``rep``) and
 owner-sharded (``sh``) caches, and the ratio sh / rep. A diagnosis tool, not a claim (bench/topk makes the claims).
 """

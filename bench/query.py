@@ -75,6 +75,10 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     v.append(("direct-cuda-auto-vmm-llr", dict(cu, tuning={"cuda_ll_raw_rope": True})))
     v.append(("direct-cuda-auto-vmm-nollr", dict(cu, tuning={"cuda_ll_raw_rope": False})))
+    # grid size: 1, 3 and 4 blocks per SM (default 2)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 1
+    for n in (1, 3, 4):
+        v.append((f"direct-cuda-auto-vmm-p{n}", dict(cu, num_programs=n * sms)))
     v.append(("direct-cuda-auto-vmm-allllr", dict(cu, tuning=dict(off, cuda_ll_max_bytes=big, cuda_ll_raw_rope=True))))
 
     if quick:

@@ -415,8 +415,16 @@ __device__ __forceinline__ void llr_publish_round(const Params& a, const Item (&
   }
 }
 
+// Build-time experiment knobs (PEERDCP_NVCC_EXTRA): blocks per SM the registers must allow (3: 80 registers,
+// no spill), and whether the first round's inputs stay in registers for our own rows (1) or are loaded again.
+#ifndef PEERDCP_QUERY_LLR_MINB
+#define PEERDCP_QUERY_LLR_MINB 3
+#endif
+#ifndef PEERDCP_QUERY_LLR_KEEP
+#define PEERDCP_QUERY_LLR_KEEP 0
+#endif
 template <bool FP8>
-__global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a) {
+__global__ void __launch_bounds__(kThreads, PEERDCP_QUERY_LLR_MINB) query_push_llr_kernel(const Params a) {
   constexpr int osize = FP8 ? 1 : 2;
   __shared__ __align__(16) float cs_sh[kMaxTok * kMaxRope];
   const int p = blockIdx.x, tid = threadIdx.x, H = a.H;
@@ -439,7 +447,7 @@ __global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a
 
   // ---- publish: the first round's inputs are requested, then the positions and cos/sin rows (so that chain
   // runs beside the input loads, not after them), then every round goes out to the peers
-  Item first[kUnroll];  // kept for our own rows below
+  Item first[kUnroll];  // (kept for our own rows below with PEERDCP_QUERY_LLR_KEEP)
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) {
     const int idx = tid + k * kThreads;
@@ -463,8 +471,12 @@ __global__ void __launch_bounds__(kThreads) query_push_llr_kernel(const Params a
   __syncthreads();
   if (tid == 0) a.epochs[p] = e;
   const Pub pub{par, f};
+#if PEERDCP_QUERY_LLR_KEEP
   emit_round<false, FP8, kPubNone>(a, cs, first, pub);
   compute_units<false, FP8, false, kPubNone>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
+#else
+  compute_units<false, FP8, false, kPubNone>(a, cs, u0, u1, own, pub);
+#endif
   if (a.W > 1) copy_rows_llr<FP8>(a, cs, u0, u1, par, f);
 }
 

@@ -60,7 +60,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
             )
     # TUNING variants (read at construction): PDL never / at every T; each flag-in-data protocol of the push
     # (LL, LL12, LL128: gather.TUNING) never / at every T; none (the fenced push at every T); the LL push
-    # without its early first load; LLR (rope un-rotated on the wire) on / off / at every T
+    # without its early first load; the grid at 1, 3 and 4 blocks per SM
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     big = 1 << 40
     off = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
@@ -73,14 +73,10 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v.append(("direct-cuda-auto-vmm-allll128", dict(cu, tuning=dict(off, cuda_ll128_max_bytes=big))))
     v.append(("direct-cuda-auto-vmm-plain", dict(cu, tuning=off)))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
-    v.append(("direct-cuda-auto-vmm-llr", dict(cu, tuning={"cuda_ll_raw_rope": True})))
-    v.append(("direct-cuda-auto-vmm-nollr", dict(cu, tuning={"cuda_ll_raw_rope": False})))
     # grid size: 1, 3 and 4 blocks per SM (default 2)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 1
     for n in (1, 3, 4):
         v.append((f"direct-cuda-auto-vmm-p{n}", dict(cu, num_programs=n * sms)))
-    v.append(("direct-cuda-auto-vmm-allllr", dict(cu, tuning=dict(off, cuda_ll_max_bytes=big, cuda_ll_raw_rope=True))))
-
     if quick:
         keep = {
             "direct-cuda-auto-vmm",

@@ -19,7 +19,6 @@ constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
 constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kPushLL12 = 6;
-constexpr int kPushLLR = 7;  // PUSH_LL with the rope part sent un-rotated (query_lines.cuh)
 constexpr int kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
 // peer's slot (PUSH), our region of every peer's LL area (PUSH_LL).
@@ -206,40 +205,6 @@ __device__ __forceinline__ CosSin stage_cos_sin(const Params& a, int t_first, in
     cs.sh = sh;
   }
   return cs;
-}
-
-// stage_cos_sin in two halves, for a kernel with stores to issue between the loads and the barrier (PUSH_LLR):
-// prefetch_cos_sin issues this thread's loads of the rows into registers, commit_cos_sin writes them to shared
-// memory (the caller's next __syncthreads() publishes them). Blocks of kThreads threads.
-constexpr int kCsPer = kMaxTok * kMaxRope / kThreads;  // staged values per thread, at most
-struct CosSinPrefetch {
-  float v[kCsPer];
-  int t_first, n;  // n: values staged (0: the rows do not fit, they are read per use)
-};
-__device__ __forceinline__ CosSinPrefetch prefetch_cos_sin(const Params& a, int t_first, int t_last) {
-  CosSinPrefetch pf;
-  pf.t_first = t_first;
-  const int ntok = t_last - t_first + 1;
-  pf.n = ntok <= kMaxTok && a.ROPE <= kMaxRope ? ntok * a.ROPE : 0;
-#pragma unroll
-  for (int k = 0; k < kCsPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    if (i < pf.n) {
-      const int t = t_first + i / a.ROPE;
-      int64_t pp = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
-      pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);
-      pf.v[k] = a.cos_sin[pp * a.ROPE + i % a.ROPE];
-    }
-  }
-  return pf;
-}
-__device__ __forceinline__ CosSin commit_cos_sin(const CosSinPrefetch& pf, float* sh) {
-#pragma unroll
-  for (int k = 0; k < kCsPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    if (i < pf.n) sh[i] = pf.v[k];
-  }
-  return CosSin{pf.n > 0 ? sh : nullptr, pf.t_first};
 }
 
 }  // namespace

@@ -260,14 +260,6 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
     case kPushLL12:
       if (T > ll_max_tokens || (NOPE + ROPE) * (fp8 ? 1 : 2) % (8 * kTriple)) return (int)cudaErrorInvalidValue;
       return (int)launch_mode<kPushLL12>(a, neox != 0, fp8 != 0, pdl, stream);
-    case kPushLLR: {
-      // interleaved RoPE only (a line's 4 rope values are two whole pairs); the LL area holds ll_max_tokens
-      // rows of 2 * D * osize bytes per (parity, source), a unit's LLR lines take llr_unit_lines(...) * 16
-      const int64_t osz = fp8 ? 1 : 2;
-      if (neox || T * (int64_t)H * (NOPE * osz / 8 + ROPE / 4) * 16 > ll_max_tokens * H * 2 * (NOPE + ROPE) * osz)
-        return (int)cudaErrorInvalidValue;
-      return (int)launch_one(fp8 ? query_push_llr_kernel<true> : query_push_llr_kernel<false>, a, pdl, stream);
-    }
     case kPushLL128: {
       // the LL128 area holds ll128_lines lines per source: ceil(T * H * D * osize / 8 / 15) of them
       const int64_t words = (int64_t)T * H * (NOPE + ROPE) * (fp8 ? 1 : 2) / 8;

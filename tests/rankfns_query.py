@@ -195,12 +195,10 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
 # (read at construction): LL, LL12, LL128 and the fenced plain push.
 _ALL = 1 << 40
 _OFF = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
-_STD = {"cuda_ll_raw_rope": False}
 CUDA_PUSH = {
-    "push": {**_STD, "cuda_ll_max_bytes": _ALL},
-    "push_llr": {"cuda_ll_max_bytes": _ALL, "cuda_ll_raw_rope": True},  # LL on NeoX cases
-    "push_ll12": {**_STD, **_OFF, "cuda_ll12_max_bytes": _ALL},
-    "push_ll128": {**_STD, **_OFF, "cuda_ll128_max_bytes": _ALL},
+    "push": {"cuda_ll_max_bytes": _ALL},
+    "push_ll12": dict(_OFF, cuda_ll12_max_bytes=_ALL),
+    "push_ll128": dict(_OFF, cuda_ll128_max_bytes=_ALL),
     "push_plain": _OFF,
 }
 
@@ -319,17 +317,13 @@ def back_to_back(
     out_dtype: torch.dtype = FP8,
     ll128_max: int | None = None,
     ll12_max: int | None = None,
-    tuning: dict | None = None,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
     ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
     + rope 64), ``ll12_max`` / ``ll128_max`` the LL12 / LL128 bounds likewise; ``modes`` names the exchanges
-    used; ``tuning`` patches further ``TUNING`` entries (e.g. ``cuda_ll_raw_rope``)."""
-    if tuning:
-        with mock.patch.dict(gather_mod.TUNING, tuning):
-            return back_to_back(n_calls, H, max_T, impl, memory, raw_max, ll_max, out_dtype, ll128_max, ll12_max)
+    used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
             return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max, ll12_max)
@@ -356,7 +350,7 @@ def back_to_back(
     ) as qg:
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
-        names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12", K.MODE_PUSH_LLR: "push_llr"})
+        names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12"})
         info["modes"] = sorted({"exposed" if e else names[qg._copy_mode(T)] for T, e in plan})
         for i, (T, exposed) in enumerate(plan):
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)

@@ -1,7 +1,7 @@
 """The Query CUDA entry point's argument checks, without a GPU (needs nvcc + ninja to build the library):
-bad geometry, unknown modes, the early bit on any mode but LL push, an LLR call with NeoX RoPE, and an LL /
-LL12 / LLR / LL128 push call beyond its area are rejected with cudaErrorInvalidValue before anything touches
-CUDA, the PDL bit is accepted on every valid mode, and T = 0 returns success without a launch."""
+bad geometry, unknown modes, the early bit on any mode but LL push, and an LL / LL128 push call beyond its
+area are rejected with cudaErrorInvalidValue before anything touches CUDA, the PDL bit is accepted on every
+valid mode, and T = 0 returns success without a launch."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ pytestmark = pytest.mark.skipif(
 INVALID = 1  # cudaErrorInvalidValue
 
 
-def _call(*, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1, neox=0) -> int:
+def _call(*, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1) -> int:
     from peerdcp.query import ops
 
     lib = ops.load()
     peers = (ctypes.c_uint64 * 8)(*([0x1000] * 8))
     return lib.peerdcp_query_direct(
         None, None, 0, 0, 0, 0, None, 0, None, 0, None, ctypes.cast(peers, ctypes.c_void_p), None, None, None,
-        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, nprog, mode, neox, fp8, 2,
+        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, nprog, mode, 0, fp8, 2,
         None,
     )  # fmt: skip
 
@@ -37,15 +37,8 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(nope=500) == INVALID
     assert _call(rope=60) == INVALID
     assert _call(nprog=0) == INVALID
-    assert _call(mode=64) == INVALID  # no such mode
-    assert _call(mode=64 | K.MODE_PDL) == INVALID
-    # LLR: a (token, head) takes 512 / 8 + 64 / 4 = 80 lines (FP8; BF16 144) where LL takes 72 (BF16 144):
-    # one token of 16 heads needs an LL area of 2 tokens (FP8; BF16 1); NeoX pairs span lines
-    assert _call(mode=K.MODE_PUSH_LLR, T=1, ll_max=1) == INVALID
-    assert _call(mode=K.MODE_PUSH_LLR, T=2, ll_max=2) == INVALID
-    assert _call(mode=K.MODE_PUSH_LLR, T=1, ll_max=2, neox=1) == INVALID
-    assert _call(mode=K.MODE_PUSH_LLR, T=2, ll_max=2, fp8=0, neox=1) == INVALID
-    assert _call(mode=K.MODE_PUSH_LLR, T=3, ll_max=2, fp8=0) == INVALID
+    assert _call(mode=7) == INVALID
+    assert _call(mode=7 | K.MODE_PDL) == INVALID
     assert _call(mode=K.MODE_PUSH_LL, T=9, ll_max=8) == INVALID  # beyond the LL area
     assert _call(mode=K.MODE_PUSH_LL12, T=9, ll_max=8) == INVALID
     # LL12 needs rows of whole 24-byte triples: D * osize = 560 (FP8) / 1120 (BF16) is not
@@ -61,7 +54,6 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():
     modes = (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH, K.MODE_PUSH_LL, K.MODE_PUSH_LL128, K.MODE_PUSH_LL12)
-    modes += (K.MODE_PUSH_LLR, K.MODE_PUSH_LL | K.MODE_EARLY)
-    for mode in modes:
+    for mode in modes + (K.MODE_PUSH_LL | K.MODE_EARLY,):
         for pdl in (0, K.MODE_PDL):
             assert _call(T=0, mode=mode | pdl) == 0

@@ -71,8 +71,7 @@ GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
 @pytest.mark.parametrize(
     "memory,impl,mode",
     [(m, i, x) for m in ("vmm", "symm") for i in ("cuda", "triton") for x in GRAPH_MODES]
-    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128")]  # the CUDA kernel only
-    + [(m, "cuda", "push_llr") for m in ("vmm", "symm")],
+    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128")],  # the CUDA kernel only
 )
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
     res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
@@ -87,8 +86,6 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
             assert r["copy_mode"] == K.MODE_PUSH_LL12, r
         if mode == "push_plain":
             assert r["copy_mode"] == K.MODE_PUSH, r
-        if mode == "push_llr":
-            assert r["copy_mode"] == K.MODE_PUSH_LLR, r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
@@ -100,20 +97,6 @@ def test_gpu_back_to_back_eager(gpool, impl):
         assert r["bad"] == [] and r["impl"] == impl, r
         cuda = ["exposed", "push", "push_ll", "push_ll12", "push_ll128", "raw"]
         assert r["modes"] == (cuda if impl == "cuda" else ["exposed", "push", "raw"]), r
-
-
-def test_gpu_back_to_back_eager_llr(gpool):
-    """The LLR protocol (rope un-rotated on the wire) mixed with raw, LL12, LL128, fenced push and zero-copy
-    calls in one object without a barrier, FP8 and BF16."""
-    tuning = {"cuda_ll_raw_rope": True}
-    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", raw_max=4, ll_max=12, ll12_max=24, ll128_max=32)
-    for r in gpool.run(fns.back_to_back, 200, tuning=tuning, **kw):
-        assert r["bad"] == [] and r["impl"] == "cuda", r
-        assert r["modes"] == ["exposed", "push", "push_ll12", "push_ll128", "push_llr", "raw"], r
-    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", ll_max=12, ll12_max=24, out_dtype=BF16)
-    for r in gpool.run(fns.back_to_back, 200, tuning=tuning, **kw):
-        assert r["bad"] == [] and r["impl"] == "cuda", r
-        assert r["modes"] == ["exposed", "push_ll12", "push_llr", "roped"], r
 
 
 def test_gpu_back_to_back_eager_bf16_auto(gpool):
@@ -131,10 +114,9 @@ def test_gpu_back_to_back_eager_bf16_auto(gpool):
         ("cuda", {}, K.MODE_PUSH_LL),
         ("cuda", fns.CUDA_PUSH["push_ll128"], K.MODE_PUSH_LL128),
         ("cuda", fns.CUDA_PUSH["push_ll12"], K.MODE_PUSH_LL12),
-        ("cuda", fns.CUDA_PUSH["push_llr"], K.MODE_PUSH_LLR),
         ("triton", {}, K.MODE_PUSH),
     ],
-    ids=["cuda_ll", "cuda_ll128", "cuda_ll12", "cuda_llr", "triton"],
+    ids=["cuda_ll", "cuda_ll128", "cuda_ll12", "triton"],
 )
 def test_gpu_missing_peer_times_out(gpool, impl, tuning, mode):
     res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl, tuning)

@@ -92,9 +92,6 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off by default.
 # "cuda_ll_early": LL push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
-# "cuda_ll_raw_rope": LL calls with interleaved RoPE use the LLR protocol (kernels.MODE_PUSH_LLR): the rope part
-# travels un-rotated and the consumer rotates it, so a producer's lines leave before its positions -> cos/sin
-# loads (16 more lines per (token, head) for FP8: 80 instead of 72).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
 TUNING = {
     "cuda_pdl_max_tokens": 32,
@@ -102,7 +99,6 @@ TUNING = {
     "cuda_ll12_max_bytes": {"float8_e4m3fn": 128 * _ROWS, "bfloat16": 48 * _ROWS * 2},
     "cuda_ll128_max_bytes": 0,
     "cuda_ll_early": True,
-    "cuda_ll_raw_rope": False,
 }
 
 
@@ -278,7 +274,6 @@ class QueryGather:
         self._ll_area = 0  # tokens the LL area (LL and LL12 calls) holds per (parity, source)
         self._ll128_lines = 0  # 128-byte lines per (parity, source) of the LL128 area
         self._early = False  # LL push calls load their first inputs early (TUNING["cuda_ll_early"])
-        self._llr = False  # LL push calls use the LLR protocol (TUNING["cuda_ll_raw_rope"])
 
         reasons: list[str] = []
         chosen = backend
@@ -316,19 +311,13 @@ class QueryGather:
                 self._ll12_max = bound["ll12"] if bound["ll12"] > self._ll_max else 0
                 self._ll128_max = bound["ll128"] if bound["ll128"] > max(self._ll_max, self._ll12_max) else 0
                 self._ll_area = max(self._ll_max, self._ll12_max)
-                self._llr = bool(TUNING["cuda_ll_raw_rope"]) and rope_style == "interleaved" and self._ll_max > 0
-                if self._llr:  # LLR: NOPE * osize / 8 + ROPE / 4 lines of 16 bytes per (token, head)
-                    llr_bytes = (nope_dim * out_dtype.itemsize // 8 + rope_dim // 4) * 16
-                    ll_bytes = 2 * self.head_dim * out_dtype.itemsize  # what the area holds per (token, head)
-                    self._ll_area = max(self._ll_area, -(-self._ll_max * llr_bytes // ll_bytes))
                 self._ll128_lines = -(-(self._ll128_max * row_bytes // 8) // 15)  # 15 data words per line
             self._early = bool(TUNING["cuda_ll_early"])
             if self._push_slots:
                 rule = f"raw for T <= {AUTO_PUSH_RAW_MAX_TOKENS}, else push" if AUTO_PUSH_RAW_MAX_TOKENS else "push"
             else:
                 rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
-            named = (("LLR" if self._llr else "LL", self._ll_max), ("LL12", self._ll12_max), ("LL128", self._ll128_max))
-            lls = [(n, b) for n, b in named if b]
+            lls = [(n, b) for n, b in (("LL", self._ll_max), ("LL12", self._ll12_max), ("LL128", self._ll128_max)) if b]
             ll_rule = ", ".join(f"{n} push for T <= {b}" for n, b in lls)
             if ll_rule:
                 rule = ll_rule + ", then " + rule
@@ -686,7 +675,7 @@ class QueryGather:
 
     def _copy_mode(self, T: int) -> int:
         """The kernel mode of a copy call with T tokens (see :func:`copy_mode`)."""
-        mode = copy_mode(
+        return copy_mode(
             self.exchange,
             T,
             push_slots=self._push_slots,
@@ -694,7 +683,6 @@ class QueryGather:
             ll12_max=self._ll12_max,
             ll128_max=self._ll128_max,
         )
-        return K.MODE_PUSH_LLR if mode == K.MODE_PUSH_LL and self._llr else mode
 
     # ---------------------------------------------------------------------------------- launches
     def _launch_direct(self, mode, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:

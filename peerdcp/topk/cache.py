@@ -249,9 +249,24 @@ class IndexKCache:
 _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed to compile there
 
 
+# The scoring kernel's work split on GPU: "scan_group" pages per dot (the same for every call, so a token's
+# score does not depend on the call's size: owner-sharded and replicated scans agree bit for bit) and
+# "scan_npage" pages per program (0: _scan_npage). Session 8 (2 x H200, scripts/diag/score_sweep.py): ...
+TUNING = {"scan_group": 1, "scan_npage": 0}
+
+
 @functools.cache
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
+    """Pages per program: the largest of ``group`` x 1, 4, 16 that leaves at least 8 programs per SM (more
+    pages per program load the query tile fewer times; fewer programs than that leave SMs idle)."""
+    npage = group
+    while npage < 16 * group and T * -(-pages // (npage * 4)) >= 8 * sms:
+        npage *= 4
+    return npage
 
 
 def indexer_logits(
@@ -331,13 +346,10 @@ def indexer_logits(
     P = cache.page_size
     pages = triton.cdiv(Lmax, P)
     if dev.type == "cuda":
-        # pages per program: 1, 4 or 16 (few compiled variants), keeping >= 4 programs per SM
-        sms = _num_sms(dev.index)
-        npage = 1
-        while npage < 16 and T * pages // (npage * 4) >= 4 * sms:
-            npage *= 4
-    else:
-        npage = pages  # the interpreter pays per program, not per element
+        group = int(TUNING["scan_group"])
+        npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, _num_sms(dev.index), group)
+    else:  # the interpreter pays per program and per step, not per element: one dot over every page
+        group = npage = triton.next_power_of_2(pages)
     table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
     grid = (T, triton.cdiv(pages, npage))
     # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
@@ -365,6 +377,7 @@ def indexer_logits(
             W,
             I,
             NPAGE=npage,
+            GROUP=group,
             PAGE=P,
             PAGE_BYTES=cache.page_bytes,
             D=D,

@@ -251,7 +251,10 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 
 # The scoring kernel's work split on GPU: "scan_group" pages per dot (the same for every call, so a token's
 # score does not depend on the call's size: owner-sharded and replicated scans agree bit for bit) and
-# "scan_npage" pages per program (0: _scan_npage). Session 8 (2 x H200, scripts/diag/score_sweep.py): ...
+# "scan_npage" pages per program (0: _scan_npage). Measured on 2 x H200 (scripts/diag/score_sweep.py, session
+# 8 call 5, DeepSeek-V3.2 indexer, us replicated / owner-sharded): 1 page per dot with the policy 3.40 / 2.89 at
+# 1 row x 32K, 16.2 / 9.7 at 8 x 32K, 46.7 / 27.4 at 32 x 32K, 677 / 347 at 128 x 128K; 2 pages per dot is
+# 7-15 % faster up to 8 rows and 5-25 % slower from 32 rows; 4 pages per program and more cost 1-10 us at 1 row.
 TUNING = {"scan_group": 1, "scan_npage": 0}
 
 

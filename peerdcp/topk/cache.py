@@ -255,7 +255,8 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # 8 call 5, DeepSeek-V3.2 indexer, us replicated / owner-sharded): 1 page per dot with the policy 3.40 / 2.89 at
 # 1 row x 32K, 16.2 / 9.7 at 8 x 32K, 46.7 / 27.4 at 32 x 32K, 677 / 347 at 128 x 128K; 2 pages per dot is
 # 7-15 % faster up to 8 rows and 5-25 % slower from 32 rows; 4 pages per program and more cost 1-10 us at 1 row.
-TUNING = {"scan_group": 1, "scan_npage": 0}
+# "scan_stages": the loop's software-pipeline depth (num_stages; 0 = Triton's default).
+TUNING = {"scan_group": 1, "scan_npage": 0, "scan_stages": 0}
 
 
 @functools.cache
@@ -353,6 +354,7 @@ def indexer_logits(
         npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, _num_sms(dev.index), group)
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
+    stages = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
     table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
     grid = (T, triton.cdiv(pages, npage))
     # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
@@ -389,6 +391,7 @@ def indexer_logits(
             SHARDED=cache.sharded,
             DOT=dot,
             num_warps=4,
+            **stages,
         )
 
     key = (dev.index if dev.type == "cuda" else -1, block_h)

@@ -4,7 +4,8 @@
 
 Variants (DeepSeek-V3.2 indexer, 64 heads x 128; ``same``: every score within 2^-9 of the row's largest
 magnitude of the library default's, -inf at the same places): ``lib`` - ``indexer_logits`` as configured;
-``gGnN`` - its kernel with G pages per dot and N pages per program (``P``: the library's policy for that G),
+``gGnN[sS]`` - its kernel with G pages per dot, N pages per program (``P``: the library's policy for that G)
+and S pipeline stages (Triton's default without ``s``),
 through ``peerdcp.topk.cache.TUNING``; ``empty`` - a one-program kernel that stores one value: the per-call
 floor of any kernel in this harness.
 
@@ -38,8 +39,9 @@ def _empty_kernel(out):
     tl.store(out + tl.program_id(0), 1.0)
 
 
-# (pages per dot, pages per program; 0 = the library's _scan_npage policy)
-CONFIGS = [(1, 0), (1, 1), (1, 4), (1, 16), (2, 0), (2, 2), (2, 8), (2, 32), (4, 4), (4, 16)]
+# (pages per dot, pages per program, pipeline stages; 0 = the library's choice)
+CONFIGS = [(1, 0, 0), (1, 1, 0), (1, 2, 0), (1, 4, 0), (1, 8, 0), (1, 16, 0)]
+CONFIGS += [(1, 4, 2), (1, 4, 4), (1, 8, 4), (1, 16, 4), (1, 8, 2), (2, 2, 0)]
 
 
 def _same(ref: torch.Tensor, got: torch.Tensor) -> bool:
@@ -92,16 +94,17 @@ def rank_main(cfg: dict) -> list[dict]:
                 w.append(w[0].flip(1).contiguous())
             lens = torch.full((T,), ctx, dtype=torch.int64, device=dev)
 
-            def cfg_fn(group, npage):
+            def cfg_fn(group, npage, stages):
                 def fn(q, w, c, tab, L):
-                    with mock.patch.dict(cache_mod.TUNING, {"scan_group": group, "scan_npage": npage}):
+                    tune = {"scan_group": group, "scan_npage": npage, "scan_stages": stages}
+                    with mock.patch.dict(cache_mod.TUNING, tune):
                         return indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)
 
                 return fn
 
             variants = {"lib": lambda q, w, c, tab, L: indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)}
-            for g, n in CONFIGS:
-                variants[f"g{g}n{n or 'P'}"] = cfg_fn(g, n)
+            for g, n, st in CONFIGS:
+                variants[f"g{g}n{n or 'P'}" + (f"s{st}" if st else "")] = cfg_fn(g, n, st)
             for name, fn in variants.items():
                 row = {"ctx": ctx, "rows": T, "variant": name, "same": True}
                 for lay, key in (("replicated", "rep"), ("owner_sharded", "sh")):

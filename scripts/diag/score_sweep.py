@@ -40,8 +40,8 @@ def _empty_kernel(out):
 
 
 # (pages per dot, pages per program, pipeline stages; 0 = the library's choice)
-CONFIGS = [(1, 0, 0), (1, 1, 0), (1, 2, 0), (1, 4, 0), (1, 8, 0), (1, 16, 0)]
-CONFIGS += [(1, 4, 2), (1, 4, 4), (1, 8, 4), (1, 16, 4), (1, 8, 2), (2, 2, 0)]
+# (call 6 of session 8 swept (1, 1|2|4|8|16, 0), (1, 4|8|16, 4), (1, 4|8, 2), (2, 2, 0))
+CONFIGS = [(1, 0, 0), (1, 0, 2), (1, 4, 0), (1, 4, 2), (1, 16, 0), (1, 16, 2)]
 
 
 def _same(ref: torch.Tensor, got: torch.Tensor) -> bool:

@@ -33,18 +33,11 @@ import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
 
 from bench.common import add_common_args, header, plot_series, run_ranks, slowest_rank, time_op
 
 K = 2048
 MODELS = {"DeepSeek-V3.2": 64, "GLM-5": 32}
-
-
-@triton.jit
-def _empty_kernel(out):
-    tl.store(out + tl.program_id(0), 1.0)
 
 
 def _ids_from_keys(v: torch.Tensor) -> torch.Tensor:
@@ -148,6 +141,41 @@ def _random_keys(n: int, gen: torch.Generator, dev: torch.device) -> tuple[torch
     return data.view(torch.float8_e4m3fn), scales
 
 
+def indexer_case(ctx: int, T: int, H: int, W: int, gen: torch.Generator, dev: torch.device):
+    """One indexer case: T rows of one ``ctx``-token sequence each (the same random keys in a replicated and an
+    owner-sharded ``IndexKCache``), rotated over ``nsets`` input sets while they are small enough to stay in
+    L2 otherwise (large cases stream from HBM anyway).
+
+    Returns ``(caches, q, w, lens, nsets)``: ``caches[layout] = (cache, block_tables, span)`` with one block
+    table per set, ``q`` / ``w`` one FP8 query ``[T, H, 128]`` / fp32 weight ``[T, H]`` per set (the same on every
+    rank), ``lens`` ``[T]`` int64.
+    """
+    import peerdcp
+
+    nsets = 4 if T * ctx * 132 < (256 << 20) else 1
+    nseq = nsets * T
+    caches = {}
+    for lay in ("replicated", "owner_sharded"):
+        # one sequence per row, each starting on an aligned logical slot (IndexKCache.seq_align)
+        align = 64 * W if lay == "owner_sharded" else 64
+        span = -(-ctx // align) * align
+        c = peerdcp.IndexKCache(capacity_tokens=nseq * span, layout=lay, device=dev)
+        npg = -(-(ctx if lay == "replicated" else -(-ctx // W)) // c.page_size)
+        starts = torch.arange(nseq, device=dev, dtype=torch.int64).view(nsets, T) * span
+        caches[lay] = (c, [c.block_table(starts[j], npg) for j in range(nsets)], span)
+    for i in range(nseq):  # the same tokens into both caches (sharded keeps its own)
+        k8, ks = _random_keys(ctx, gen, dev)
+        for c, _, span in caches.values():
+            c.write(i * span + torch.arange(ctx, device=dev), k8, ks)
+    q = [(torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn)]
+    w = [torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5]
+    for _ in range(nsets - 1):
+        q.append(q[0][torch.randperm(T, generator=gen, device=dev)])  # same on every rank
+        w.append(w[0].flip(1).contiguous())
+    lens = torch.full((T,), ctx, dtype=torch.int64, device=dev)
+    return caches, q, w, lens, nsets
+
+
 def indexer_rank(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
@@ -158,36 +186,18 @@ def indexer_rank(cfg: dict) -> list[dict]:
     dev = _device(cfg)
     out = []
     tk = peerdcp.TopK(max_rows=max(cfg["index_rows"]), topk=K, device=dev)
-    flag = torch.zeros(1, device=dev)
-    empty = _time(cfg, lambda i: _empty_kernel[(1,)](flag)) if dev.type == "cuda" else float("nan")
+    empty = None  # (CPU: no kernel floor to time)
+    if dev.type == "cuda":
+        from bench.floor import empty_kernel
+
+        flag = torch.zeros(1, device=dev)
+        empty = _time(cfg, lambda i: empty_kernel[(1,)](flag))
     try:
         for model, H in MODELS.items():
             for ctx in cfg["contexts"]:
                 for T in cfg["index_rows"]:
                     gen = torch.Generator(device=dev).manual_seed(ctx + T + H)
-                    # rotate over 4 input sets (distinct sequences) while they are small enough to stay in
-                    # L2 otherwise; large cases stream from HBM anyway
-                    nsets = 4 if T * ctx * 132 < (256 << 20) else 1
-                    nseq = nsets * T
-                    caches = {}
-                    for lay in ("replicated", "owner_sharded"):
-                        # one sequence per row, each starting on an aligned logical slot (IndexKCache.seq_align)
-                        align = 64 * W if lay == "owner_sharded" else 64
-                        span = -(-ctx // align) * align
-                        c = peerdcp.IndexKCache(capacity_tokens=nseq * span, layout=lay, device=dev)
-                        npg = -(-(ctx if lay == "replicated" else -(-ctx // W)) // c.page_size)
-                        starts = torch.arange(nseq, device=dev, dtype=torch.int64).view(nsets, T) * span
-                        caches[lay] = (c, [c.block_table(starts[j], npg) for j in range(nsets)], span)
-                    for i in range(nseq):  # the same tokens into both caches (sharded keeps its own)
-                        k8, ks = _random_keys(ctx, gen, dev)
-                        for c, _, span in caches.values():
-                            c.write(i * span + torch.arange(ctx, device=dev), k8, ks)
-                    q = [(torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn)]
-                    w = [torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5]
-                    for _ in range(nsets - 1):
-                        q.append(q[0][torch.randperm(T, generator=gen, device=dev)])  # same on every rank
-                        w.append(w[0].flip(1).contiguous())
-                    lens = torch.full((T,), ctx, dtype=torch.int64, device=dev)
+                    caches, q, w, lens, nsets = indexer_case(ctx, T, H, W, gen, dev)
                     (rc, rtab, _), (sc, stab, _) = caches["replicated"], caches["owner_sharded"]
 
                     def rep_score(i, rc=rc, rtab=rtab, q=q, w=w, lens=lens, ctx=ctx, n=nsets):

@@ -26,18 +26,11 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import format_table, run_ranks, slowest_rank, time_op, warm_gpu  # noqa: E402
-
-
-@triton.jit
-def _empty_kernel(out):
-    tl.store(out + tl.program_id(0), 1.0)
-
+from bench.floor import empty_kernel  # noqa: E402
 
 # (pages per dot, pages per program, pipeline stages; 0 = the library's choice)
 # (call 6 of session 8 swept (1, 1|2|4|8|16, 0), (1, 4|8|16, 4), (1, 4|8, 2), (2, 2, 0))
@@ -57,8 +50,7 @@ def _same(ref: torch.Tensor, got: torch.Tensor) -> bool:
 def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
-    import peerdcp
-    from bench.topk import _random_keys
+    from bench.topk import indexer_case
     from peerdcp.topk import cache as cache_mod
     from peerdcp.topk import indexer_logits
 
@@ -68,31 +60,12 @@ def rank_main(cfg: dict) -> list[dict]:
     H = 64
     rows_out = []
     flag = torch.zeros(1, device=dev)
-    us = slowest_rank(time_op(lambda i: _empty_kernel[(1,)](flag), calls=20, iters=cfg["iters"])).median
+    us = slowest_rank(time_op(lambda i: empty_kernel[(1,)](flag), calls=20, iters=cfg["iters"])).median
     rows_out.append({"ctx": 0, "rows": 0, "variant": "empty", "rep": us, "sh": us, "ratio": 1.0, "same": True})
     for ctx in cfg["contexts"]:
         for T in cfg["rows"]:
             gen = torch.Generator(device=dev).manual_seed(ctx + T)
-            nsets = 4 if T * ctx * 132 < (256 << 20) else 1
-            nseq = nsets * T
-            caches = {}
-            for lay in ("replicated", "owner_sharded"):
-                align = 64 * W if lay == "owner_sharded" else 64
-                span = -(-ctx // align) * align
-                c = peerdcp.IndexKCache(capacity_tokens=nseq * span, layout=lay, device=dev)
-                npg = -(-(ctx if lay == "replicated" else -(-ctx // W)) // c.page_size)
-                starts = torch.arange(nseq, device=dev, dtype=torch.int64).view(nsets, T) * span
-                caches[lay] = (c, [c.block_table(starts[j], npg) for j in range(nsets)], span)
-            for i in range(nseq):
-                k8, ks = _random_keys(ctx, gen, dev)
-                for c, _, span in caches.values():
-                    c.write(i * span + torch.arange(ctx, device=dev), k8, ks)
-            q = [(torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn)]
-            w = [torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5]
-            for _ in range(nsets - 1):
-                q.append(q[0][torch.randperm(T, generator=gen, device=dev)])
-                w.append(w[0].flip(1).contiguous())
-            lens = torch.full((T,), ctx, dtype=torch.int64, device=dev)
+            caches, q, w, lens, nsets = indexer_case(ctx, T, H, W, gen, dev)
 
             def cfg_fn(group, npage, stages):
                 def fn(q, w, c, tab, L):

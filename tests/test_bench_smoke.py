@@ -1,0 +1,34 @@
+"""The Top-K benchmark's code paths on CPU (two gloo ranks, the Triton interpreter, tiny sizes): it runs to the
+end, every compared selection is exact, and its JSON is standard (no NaN). Times mean nothing here.
+
+(Session 8: a Triton import in the benchmark's parent process broke its CPU ranks' interpreter launches; only
+a GPU run would have shown it otherwise.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_topk_cpu_smoke(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.topk", "--cpu-smoke", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    text = (tmp_path / "topk.json").read_text()
+    res = json.loads(text, parse_constant=lambda c: pytest_fail(f"non-standard JSON constant {c}"))
+    assert res["merge"] and res["indexer"], res.keys()
+    assert all(row["exact"] for row in res["merge"] + res["indexer"]), res
+    assert {row["bytes_ratio"] for row in res["indexer"]} == {0.5}, res["indexer"]
+
+
+def pytest_fail(msg: str):
+    raise AssertionError(msg)

@@ -31,6 +31,7 @@ import argparse
 import datetime as _dt
 import importlib
 import json
+import math
 import os
 import platform
 import socket
@@ -311,11 +312,23 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], *, floatfmt: str 
     return "\n".join([line, sep, *("  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body)])
 
 
+def _standard(x: Any) -> Any:
+    """``x`` with every non-finite float (a failed or untimed cell) as None: standard JSON has no NaN/inf."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _standard(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_standard(v) for v in x]
+    return x
+
+
 def write_json(path: str | os.PathLike, payload: dict) -> Path:
-    """Write ``payload`` (e.g. ``{"header": header(), "rows": rows}``) as indented JSON; returns the path."""
+    """Write ``payload`` (e.g. ``{"header": header(), "rows": rows}``) as indented standard JSON (NaN and
+    infinities become null); returns the path."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    p.write_text(json.dumps(_standard(payload), indent=1, default=str, allow_nan=False) + "\n")
     return p
 
 

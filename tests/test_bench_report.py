@@ -1,5 +1,5 @@
-"""The Output benchmark's report logic (CPU): the issue's targets are judged on the default configuration,
-never on whichever opt-in variant happened to be fastest at one T."""
+"""The benchmarks' report logic (CPU): the Output issue's targets are judged on the default configuration,
+never on whichever opt-in variant happened to be fastest at one T; every result file is standard JSON."""
 
 from __future__ import annotations
 
@@ -34,3 +34,18 @@ def test_verdict_ignores_failed_rows():
     O._ratios(rows)
     v = O._verdict(rows)
     assert not any(line.startswith("target T=1") for line in v), v  # no verdict from a wrong result
+
+
+def test_write_json_is_standard_json(tmp_path):
+    import json
+    import math
+
+    from bench.common import write_json
+
+    bad = {"a": math.nan, "b": [1.5, math.inf], "c": {"d": (2, -math.inf)}, "e": "ok"}
+    text = write_json(tmp_path / "x.json", bad).read_text()
+
+    def reject(c: str):
+        raise AssertionError(f"non-standard JSON constant {c}")
+
+    assert json.loads(text, parse_constant=reject) == {"a": None, "b": [1.5, None], "c": {"d": [2, None]}, "e": "ok"}

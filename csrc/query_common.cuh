@@ -100,6 +100,11 @@ __device__ __forceinline__ int64_t* flags_of(const Params& a, int r) {
 __device__ __forceinline__ char* slot_of(const Params& a, int r, int slot) {
   return reinterpret_cast<char*>(a.peers.base[r]) + a.data_off + (int64_t)slot * a.slot_bytes;
 }
+// Source rank of item idx of a consumer pass over every peer's items (per_src each, the peers after this rank
+// in turn).
+__device__ __forceinline__ int peer_of(const Params& a, int idx, int per_src) {
+  return (a.rank + 1 + idx / per_src) % a.W;
+}
 // PUSH slot: source s's finished rows [max_tokens, H, D] (out dtype) start at s * push_region(a, osize).
 __device__ __forceinline__ int64_t push_region(const Params& a, int osize) {
   return a.max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE) * osize;

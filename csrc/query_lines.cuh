@@ -61,7 +61,7 @@ __device__ void copy_rows_ll(const Params& a, int u0, int u1, int par, uint32_t 
       const int idx = base + k * kThreads;
       need[k] = idx < n;
       if (!need[k]) continue;
-      const int s = (a.rank + 1 + idx / per_src) % a.W;
+      const int s = peer_of(a, idx, per_src);
       const int rem = idx % per_src;
       const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
       src[k] = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(a.peers.base[a.rank]) +
@@ -271,7 +271,7 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
       const int idx = base + k * kThreads;
       need[k] = idx < n;
       if (!need[k]) continue;
-      peer[k] = (a.rank + 1 + idx / per_src) % a.W;
+      peer[k] = peer_of(a, idx, per_src);
       const int li = idx % per_src;  // triple within this block's units
       src[k] = reinterpret_cast<const uint4*>(area + ll12_region(a, par, peer[k], osize)) + 2 * li;
       dst[k] = out_off(a, peer[k], unit_word(a, u0, kTriple * li, wpr), osize);

@@ -223,7 +223,7 @@ __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* 
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int idx = base + k * kThreads;
-      const int s = (a.rank + 1 + idx / per_src) % a.W;
+      const int s = peer_of(a, idx, per_src);
       valid[k] = idx < n && ok[s];
       if (!valid[k]) continue;
       const int rem = idx % per_src;

@@ -24,11 +24,11 @@ def test_bench_topk_cpu_smoke(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     text = (tmp_path / "topk.json").read_text()
-    res = json.loads(text, parse_constant=lambda c: pytest_fail(f"non-standard JSON constant {c}"))
+
+    def reject(c: str):
+        raise AssertionError(f"non-standard JSON constant {c}")
+
+    res = json.loads(text, parse_constant=reject)
     assert res["merge"] and res["indexer"], res.keys()
     assert all(row["exact"] for row in res["merge"] + res["indexer"]), res
     assert {row["bytes_ratio"] for row in res["indexer"]} == {0.5}, res["indexer"]
-
-
-def pytest_fail(msg: str):
-    raise AssertionError(msg)

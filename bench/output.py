@@ -62,7 +62,7 @@ T_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 T_QUICK = [1, 8, 32, 128, 256]
 N_SETS = 4
 # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
-#        ll128_max_tokens (None: default))
+#        ll128_max_tokens (None: default)[, other TUNING overrides])
 KERNEL_VARIANTS = {
     "cuda": ("cuda", None, None, None),  # the library default: LL <= 8, LL128 (20, 48], else plain; PDL
     "cuda_nopdl": ("cuda", None, (), None),
@@ -72,6 +72,17 @@ KERNEL_VARIANTS = {
     "cuda_chunked": ("cuda", None, ("chunked",), None),
     "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl"), None),
     "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles"), None),
+    # the sentinel kernel for T > 48 (1 publisher CTA per SM, the other combines), every CTA both, and for T > 8
+    "cuda_sentinel": ("cuda", None, ("pdl", "sentinel"), None),
+    "cuda_sentinel_u": ("cuda", None, ("pdl", "sentinel"), None, {"cuda_sentinel_publishers_per_sm": 0}),
+    "cuda_sentinel_all": ("cuda", None, ("pdl", "sentinel"), 0, {"cuda_sentinel_min_tokens": 0}),
+    "cuda_sentinel_all_u": (
+        "cuda",
+        None,
+        ("pdl", "sentinel"),
+        0,
+        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers_per_sm": 0},
+    ),
     "cuda_plain": ("cuda", 0, None, 0),
     "cuda_ll": ("cuda", "max", None, None),
     "triton": ("triton", None, None, None),
@@ -166,11 +177,12 @@ class SglAgRs:
 
 
 # ------------------------------------------------------------------------------------------ ranks
-def _cuda_opts(opts: tuple | None):
-    """Reducers built inside read ``TUNING["cuda_opts"] = opts`` (restored after; None: the default)."""
+def _cuda_opts(opts: tuple | None, extra: dict | None = None):
+    """Reducers built inside read ``TUNING["cuda_opts"] = opts`` and the ``extra`` TUNING entries (restored
+    after; None: the default)."""
     from peerdcp.output import reducer as R
 
-    return mock.patch.dict(R.TUNING, {} if opts is None else {"cuda_opts": opts})
+    return mock.patch.dict(R.TUNING, {**({} if opts is None else {"cuda_opts": opts}), **(extra or {})})
 
 
 def _inputs(seed: int, W: int, T: int, H: int, dtype=torch.bfloat16):
@@ -202,8 +214,8 @@ def rank_main(cfg: dict) -> list[dict]:
             for variant in cfg["kernels"]:
                 if memory != cfg["memories"][0] and variant not in cfg["kernels_all_memories"]:
                     continue
-                kernel, ll, opts, ll128 = KERNEL_VARIANTS[variant]
-                with _cuda_opts(opts):
+                kernel, ll, opts, ll128, *extra = KERNEL_VARIANTS[variant]
+                with _cuda_opts(opts, extra[0] if extra else None):
                     red = peerdcp.OutputReducer(
                         None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory=memory,
                         kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll, ll128_max_tokens=ll128,

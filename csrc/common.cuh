@@ -63,6 +63,18 @@ __device__ __forceinline__ uint2 ld_volatile_v2(const uint2* p) {
   return v;
 }
 
+// 64-bit scalar volatile accesses: an aligned 64-bit scalar access is single-copy atomic in the PTX memory
+// model (a v2.u32 access is two 32-bit ones), so a {data, flag} pair read this way is never torn.
+__device__ __forceinline__ void st_volatile_u64(uint64_t* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Record a timed-out wait. Plain volatile stores, no atomics: atomics on pinned host memory are not
 // native over PCIe. Two waits expiring at once may interleave their fields; the word stays "set".
 // The fields are written before the "set" word [0].

@@ -32,8 +32,9 @@ constexpr int kSkipPayload = 1, kSkipLse = 2, kSkipSync = 4, kSkipCombine = 8, k
               kStageInstrumented = 32;
 constexpr int kStagesAll = kSkipPayload | kSkipLse | kSkipSync | kSkipCombine | kStageEmpty | kStageInstrumented;
 // `opts` bits (opt-in variants; mirrors peerdcp/output/ops.py OPT_*)
-constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8, kOptChunked = 16, kOptSplit = 32;
-constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked | kOptSplit;
+constexpr int kOptTightGrid = 1, kOptEarlyLoad = 2, kOptPdl = 4, kOptLL128 = 8, kOptChunked = 16, kOptSplit = 32,
+              kOptSentinel = 64;
+constexpr int kOptsAll = kOptTightGrid | kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked | kOptSplit | kOptSentinel;
 // compile-time kernel variants (template argument kVar): which of the above the instantiation contains
 constexpr int kVarStages = 1, kVarEarly = 2, kVarPdl = 4, kVarSplit = 8;
 
@@ -59,6 +60,9 @@ struct OutputDirectParams {
   int32_t opts;             // opt-in variants (kOpt*; 0 = default)
   int32_t ll128_max_tokens; // with kOptLL128: calls with ll_max_tokens < T <= this use the LL128 kernel, larger
                             // T the plain one; also the LL128 region's rows per (slot, source)
+  int32_t sn_pub;           // with kOptSentinel: publisher CTAs of the sentinel kernel (>= G: every CTA both)
+  int64_t sn_off;           // sentinel region: payload (see output_direct_sentinel_kernel)
+  int64_t sn_lse_off;       // ... and its LSE words
 };
 
 // griddepcontrol (PTX ISA 7.8, sm_90): programmatic dependent launch.

@@ -60,6 +60,10 @@
 //                  plain protocol released per chunk of units by a signalling warp). Not with kOptLL128 or
 //                  kOptEarlyLoad.
 //   kOptSplit      with kOptChunked only: separate publishing and combining warps in that kernel.
+//   kOptSentinel   calls with T > ll_max_tokens outside the LL128 band run output_direct_sentinel_kernel
+//                  (output_sentinel.cuh; the payload region holds a reserved 16-bit pattern at rest, so each
+//                  vector signals its own arrival: no fence, no flag bytes). The host sets it per call
+//                  (T > TUNING["cuda_sentinel_min_tokens"]). Not with kOptTightGrid or kOptChunked.
 //
 // Stage breakdown (`stages`, benchmark only; 0 in every public path; outputs of a broken variant are
 // garbage): bits remove one stage and whatever waits for it, identically on every rank:
@@ -73,11 +77,12 @@
 // C ABI: peerdcp_output_direct(const OutputDirectParams*, cudaStream_t, int device) -> cudaError_t (as int).
 //
 // Files: output_common.cuh (parameter block, prologue, geometry, item loads, the combine rule),
-// output_lines.cuh (the LL and LL128 kernels), output_chunked.cuh (the chunked kernel), and here the plain
-// kernel, the launch and the C entry points.
+// output_lines.cuh (the LL and LL128 kernels), output_chunked.cuh (the chunked kernel), output_sentinel.cuh
+// (the sentinel kernel), and here the plain kernel, the launch and the C entry points.
 #include "output_chunked.cuh"
 #include "output_common.cuh"
 #include "output_lines.cuh"
+#include "output_sentinel.cuh"
 
 namespace {
 
@@ -230,6 +235,10 @@ cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
     constexpr int kVarLL128 = kVar & kVarPdl;
     return launch_one<kVarLL128>(output_direct_ll128_kernel<scalar_t, WMAX, kVarLL128>, p.G, p, stream);
   }
+  if (p.opts & kOptSentinel) {  // every CTA, every call (see the sentinel notes)
+    constexpr int kVarSn = kVar & kVarPdl;
+    return launch_one<kVarSn>(output_direct_sentinel_kernel<scalar_t, WMAX, kVarSn>, p.G, p, stream);
+  }
   if (p.opts & kOptChunked) {  // the plain partition (tight grid allowed); stages / early load do not apply
     constexpr int kVarChunked = kVar & kVarPdl;
     if (p.opts & kOptSplit) {
@@ -274,9 +283,11 @@ cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
 
 template <typename scalar_t, int WMAX, int kVar>
 int blocks_per_sm_var() {
-  int a = 0, b = 0, c = 0, d = 0, e = 0;
+  int a = 0, b = 0, c = 0, d = 0, e = 0, f = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, output_direct_kernel<scalar_t, WMAX, kVar>, kBlock, 0) !=
           cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f, output_direct_sentinel_kernel<scalar_t, WMAX, kVar & kVarPdl>,
+                                                    kBlock, 0) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&d, output_direct_chunked_kernel<scalar_t, WMAX, kVar & kVarPdl>,
                                                     kBlock, 0) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -287,8 +298,8 @@ int blocks_per_sm_var() {
                                                     kBlock, 0) != cudaSuccess) {
     return 0;
   }
-  const int ab = a < b ? a : b, cd = c < d ? c : d, m = ab < cd ? ab : cd;
-  return m < e ? m : e;
+  const int ab = a < b ? a : b, cd = c < d ? c : d, m = ab < cd ? ab : cd, ef = e < f ? e : f;
+  return m < ef ? m : ef;
 }
 
 template <typename scalar_t, int WMAX>
@@ -350,7 +361,9 @@ extern "C" int peerdcp_output_direct(const void* params, void* stream, int devic
   if (p == nullptr || p->W < 2 || p->W > kMaxWorld || p->rank < 0 || p->rank >= p->W || p->G < 1 || p->T < 1 ||
       p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens ||
       (p->stages & ~kStagesAll) != 0 || (p->opts & ~kOptsAll) != 0 ||
-      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked)) != 0) ||
+      (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked | kOptSentinel)) != 0) ||
+      ((p->opts & kOptSentinel) != 0 && ((p->opts & (kOptTightGrid | kOptChunked)) != 0 || p->sn_pub < 1 ||
+                                         int64_t(p->T) * p->H * (p->D >> 3) >= (int64_t(1) << 31))) ||
       ((p->opts & kOptChunked) != 0 && (p->opts & (kOptLL128 | kOptEarlyLoad)) != 0) ||
       ((p->opts & kOptSplit) != 0 && (p->opts & kOptChunked) == 0) ||
       ((p->opts & kOptLL128) != 0 && ((p->opts & kOptTightGrid) != 0 || !ll128_fits(*p)))) {

@@ -28,13 +28,16 @@ def make_inputs(seed: int, W: int, T: int, H: int, D: int, dtype: torch.dtype, a
     """All ranks' ``partial_out [T, W*H, D]`` and ``partial_lse [T, W*H]`` (CPU), deterministic in ``seed``.
 
     Adversarial: -inf / NaN / +inf LSE entries (their payloads are NaN: they must never be read), rows
-    where every source is empty (NaN payloads everywhere), and rows with huge LSE gaps.
+    where every source is empty (NaN payloads everywhere), and rows with huge LSE gaps. The NaN payloads mix
+    the canonical NaN with the bit pattern 0xFFFF (also a NaN; the CUDA sentinel kernel's rest marker, which
+    a producer must rewrite, or its consumer would wait for that vector forever).
     """
     g = torch.Generator().manual_seed(seed)
     outs = [torch.randn(T, W * H, D, generator=g).to(dtype) for _ in range(W)]
     lses = [torch.randn(T, W * H, generator=g) * 4.0 for _ in range(W)]
     if adversarial and T > 0:
-        nan_payload = torch.full((D,), float("nan")).to(dtype)
+        bits = torch.where(torch.arange(D) % 3 == 0, -1, 0x7FC0).to(torch.int16)  # 0xFFFF, 0x7FC0 (both NaN)
+        nan_payload = bits.view(dtype)
         for s in range(W):
             u = torch.rand(T, W * H, generator=g)
             lses[s][u < 0.08] = float("-inf")
@@ -334,10 +337,11 @@ def cuda_triton_twins(memory: str, cases: list[int], seed: int) -> list[dict]:
 
 def with_cuda_opts(cuda_opts, fn_name: str, *args):
     """Run ``fn_name(*args)`` of this module with ``TUNING["cuda_opts"] = cuda_opts`` (restored after;
-    None: the library default)."""
+    None: the library default); a dict sets those TUNING entries instead."""
     from peerdcp.output import reducer as R
 
-    with mock.patch.dict(R.TUNING, {} if cuda_opts is None else {"cuda_opts": cuda_opts}):
+    patch = {} if cuda_opts is None else dict(cuda_opts) if isinstance(cuda_opts, dict) else {"cuda_opts": cuda_opts}
+    with mock.patch.dict(R.TUNING, patch):
         return globals()[fn_name](*args)
 
 

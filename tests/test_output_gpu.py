@@ -28,7 +28,8 @@ def _pool(pools):
 # "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
 # ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
-# "triton" (the Triton twin)
+# "cuda_sentinel" (the default plus the sentinel kernel for T > 48), "cuda_sentinel_only" (the sentinel kernel at
+# every T), "cuda_sentinel_u" (the same, every CTA publishing and combining), "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
     "cuda_ll": ("cuda", "max"),
@@ -40,6 +41,9 @@ VARIANTS = {
     "cuda_chunked_split": ("cuda", None),
     "cuda_nopdl": ("cuda", None),  # the kernel without PDL (the default until session 5)
     "cuda_ll128_32": ("cuda", None),  # LL128 band (20, 32] instead of the default (20, 48]
+    "cuda_sentinel": ("cuda", None),
+    "cuda_sentinel_only": ("cuda", 0),
+    "cuda_sentinel_u": ("cuda", 0),
     "triton": ("triton", None),
 }
 OPTS = {
@@ -49,8 +53,16 @@ OPTS = {
     "cuda_chunked_only": ("chunked",),
     "cuda_chunked_split": ("chunked", "split_roles"),
     "cuda_nopdl": (),
-}  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",))
-LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32}  # ll128_max_tokens of a variant (absent: the default, 48)
+    "cuda_sentinel": ("pdl", "sentinel"),
+    "cuda_sentinel_only": {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0},
+    "cuda_sentinel_u": {
+        "cuda_opts": ("pdl", "sentinel"),
+        "cuda_sentinel_min_tokens": 0,
+        "cuda_sentinel_publishers_per_sm": 0,
+    },
+}  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",)), or TUNING entries (a dict)
+# ll128_max_tokens of a variant (absent: the default, 48)
+LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32, "cuda_sentinel_only": 0, "cuda_sentinel_u": 0}
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
@@ -81,7 +93,20 @@ def _ok(res):
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 @pytest.mark.parametrize(
-    "kernel", ["cuda", "cuda_ll", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_ll128_32", "cuda_chunked", "triton"]
+    "kernel",
+    [
+        "cuda",
+        "cuda_ll",
+        "cuda_plain",
+        "cuda_nopdl",
+        "cuda_ll128",
+        "cuda_ll128_32",
+        "cuda_chunked",
+        "cuda_sentinel",
+        "cuda_sentinel_only",
+        "cuda_sentinel_u",
+        "triton",
+    ],
 )
 def test_direct_agrees_with_reference(pools, memory, kernel):
     """Kimi geometry, T up to 256, adversarial LSEs, return_lse; bf16 base e and fp16 base 2 (T up to 64);
@@ -130,7 +155,19 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 @pytest.mark.parametrize(
     "kernel",
-    ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128", "cuda_ll128_32", "cuda_chunked", "cuda_chunked_split", "triton"],
+    [
+        "cuda",
+        "cuda_plain",
+        "cuda_nopdl",
+        "cuda_ll128",
+        "cuda_ll128_32",
+        "cuda_chunked",
+        "cuda_chunked_split",
+        "cuda_sentinel",
+        "cuda_sentinel_only",
+        "cuda_sentinel_u",
+        "triton",
+    ],
 )
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
     """One graph = a T=128 call (plain / LL128 / chunked protocol), a T=24 call (the default's LL128 range) and a
@@ -150,7 +187,8 @@ def test_graph_replays_baselines(pools):
 
 
 @pytest.mark.parametrize(
-    "kernel", ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128_only", "cuda_chunked_only", "triton"]
+    "kernel",
+    ["cuda", "cuda_plain", "cuda_nopdl", "cuda_ll128_only", "cuda_chunked_only", "cuda_sentinel_only", "triton"],
 )
 def test_missing_peer_raises_timeout_on_gpu(pools, kernel):
     cfg = _cfg("direct", "vmm", kernel, max_tokens=8)

@@ -112,7 +112,15 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     assert rc(0, ops.OPTS["chunked"] | ops.OPTS["ll128"]) == invalid
     assert rc(0, ops.OPTS["chunked"] | ops.OPTS["early_load"]) == invalid
     assert rc(0, ops.OPTS["split_roles"]) == invalid  # split_roles needs chunked
-    assert rc(0, 64) == invalid
+    assert rc(0, 128) == invalid  # an unknown bit
+    assert rc(0, ops.OPTS["sentinel"]) == invalid  # sn_pub 0: no publisher
+    p.sn_pub = 2
+    assert rc(0, ops.OPTS["sentinel"] | ops.OPTS["tight_grid"]) == invalid
+    assert rc(0, ops.OPTS["sentinel"] | ops.OPTS["chunked"]) == invalid
+    assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["sentinel"]) == invalid
+    p.T, p.H = 8, 2**26  # T * H * D / 8 vectors would overflow int32
+    assert rc(0, ops.OPTS["sentinel"]) == invalid
+    p.T, p.H, p.sn_pub = 1, 16, 0
     assert rc(0, ops.OPTS["ll128"]) == invalid  # ll128_max_tokens 0: no LL128 region
     p.max_tokens = p.ll128_max_tokens = 2**20 - 1  # LL128 line indices would overflow int32
     assert rc(0, ops.OPTS["ll128"]) == invalid
@@ -142,6 +150,36 @@ def test_ll128_bit_chosen_per_call_from_T():
         assert (launcher._p.T, launcher._p.opts) == (T, want)
 
 
+@needs_nvcc
+def test_sentinel_bit_chosen_per_call_from_T():
+    """The launcher sets the sentinel bit for T above sn_min_tokens only, beside the LL128 band's bit."""
+    pdl, ll128, sn = ops.OPTS["pdl"], ops.OPTS["ll128"], ops.OPTS["sentinel"]
+    launcher = ops.DirectLauncher(
+        peer_addrs=[0x1000, 0x2000], epochs=torch.zeros(4, dtype=torch.int64), err_addr=0, rank=0, heads=16,
+        head_dim=512, max_tokens=64, programs=4, heads_per_unit=4, lse_off=256, payload_off=512, timeout_ns=10**9,
+        base2=False, dtype=torch.bfloat16, mech=1, device=0, ll_max_tokens=8, opts=pdl | ll128 | sn, ll128_off=1024,
+        ll128_max_tokens=48, ll128_min_tokens=20, sn_off=4096, sn_lse_off=8192, sn_pub=2, sn_min_tokens=48,
+    )  # fmt: skip
+    assert (launcher._p.sn_off, launcher._p.sn_lse_off, launcher._p.sn_pub) == (4096, 8192, 2)
+    for T, want in ((1, pdl), (21, pdl | ll128), (48, pdl | ll128), (49, pdl | ll128 | sn), (64, pdl | ll128 | sn)):
+        x = torch.zeros(T, 32, 512, dtype=torch.bfloat16)
+        with pytest.raises((AssertionError, ValueError, RuntimeError)):  # CPU tensors: no CUDA stream
+            launcher(x, torch.zeros(T, 32), torch.zeros(T, 16, 512, dtype=torch.bfloat16), None)
+        assert (launcher._p.T, launcher._p.opts) == (T, want)
+
+
+def test_sentinel_tuning_validated_on_every_rank(pools):
+    for key in ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers_per_sm"):
+        for bad in (-1, "4", True):
+            res = pools(2).run(fns.construct_with_opts, HOST, {"cuda_opts": ("sentinel",), key: bad})
+            assert all(r.get("error", "").startswith("ValueError") and key in r["error"] for r in res), res
+    for pair in [("sentinel", "tight_grid"), ("sentinel", "chunked")]:
+        res = pools(2).run(fns.construct_with_opts, HOST, pair)
+        assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res)
+    res = pools(2).run(fns.construct_with_opts, HOST, ("sentinel", "pdl"))
+    assert all(r.get("kernel") == "triton" and r["cuda_opts"] == () for r in res), res  # CPU: Triton, no variant
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512, max_tokens=256, timeout_s=30.0, backend="direct", kernel="cuda")
@@ -155,11 +193,15 @@ OPT_SETS = [
     ("chunked",),
     ("chunked", "pdl", "tight_grid"),
     ("chunked", "split_roles"),
+    ("sentinel", "pdl"),  # T > 48 (1 publisher CTA per SM, the other combines)
+    {"cuda_opts": ("sentinel",), "cuda_sentinel_min_tokens": 0},  # every T above the LL range
+    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers_per_sm": 0},
 ]
+OPT_IDS = ["+".join(o) if isinstance(o, tuple) else "+".join(o["cuda_opts"]) + f"-{i}" for i, o in enumerate(OPT_SETS)]
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("opts", OPT_SETS, ids=["+".join(o) for o in OPT_SETS])
+@pytest.mark.parametrize("opts", OPT_SETS, ids=OPT_IDS)
 @pytest.mark.parametrize("ll", [None, 0], ids=["ll_default", "plain"])
 def test_gpu_opt_in_variants_agree(pools, opts, ll):
     """Each opt-in variant: T from 1 to 256, then 50 back-to-back calls with changing T (tight_grid runs a

@@ -68,6 +68,9 @@ class InboxLayout:
     ``ll128  u64   [2, W, ll128_tokens, ll128_row_words]`` at ``ll128_off``: the CUDA kernel's LL128 region
     (``ll128_lines`` 128-byte lines of 15 data words + 1 flag word, then H LL words of LSE, padded to a line;
     absent when ``ll128_tokens`` is 0)
+    ``sentinel dtype [2, W, sn_tokens, H, D]`` at ``sn_off``, then ``u64 [2, W, sn_tokens, H]`` at ``sn_lse_off``:
+    the CUDA sentinel kernel's region (payload all 0xFF bytes at rest, LSE LL words; absent when ``sn_tokens``
+    is 0)
 
     Row ``[k, s]`` is written only by source s; the row of the inbox owner itself stays unused (its own
     slice is read from the input).
@@ -81,6 +84,7 @@ class InboxLayout:
     elem_size: int
     ll_tokens: int = 0
     ll128_tokens: int = 0
+    sn_tokens: int = 0
 
     @property
     def flag_off(self) -> int:
@@ -116,8 +120,20 @@ class InboxLayout:
         return self.ll128_lines * 16 + -(-self.heads // 16) * 16
 
     @property
-    def nbytes(self) -> int:
+    def sn_off(self) -> int:
         return self.ll128_off + _round_up(2 * self.world_size * self.ll128_tokens * self.ll128_row_words * 8)
+
+    @property
+    def sn_payload_bytes(self) -> int:
+        return 2 * self.world_size * self.sn_tokens * self.heads * self.head_dim * self.elem_size
+
+    @property
+    def sn_lse_off(self) -> int:
+        return self.sn_off + _round_up(self.sn_payload_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.sn_lse_off + _round_up(2 * self.world_size * self.sn_tokens * self.heads * 8)
 
 
 def heads_per_unit(heads: int, head_dim: int, target_elems: int) -> int:

@@ -23,7 +23,7 @@ _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 # Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output_direct.cu). The default is
 # none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
-OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16, "split_roles": 32}
+OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16, "split_roles": 32, "sentinel": 64}
 
 # Stage-breakdown bits (``stages``; benchmark only, never set by a public path; outputs are garbage).
 STAGE_SKIP_PAYLOAD = 1
@@ -84,6 +84,9 @@ class OutputDirectParams(ctypes.Structure):
         ("stages", ctypes.c_int32),
         ("opts", ctypes.c_int32),
         ("ll128_max_tokens", ctypes.c_int32),
+        ("sn_pub", ctypes.c_int32),
+        ("sn_off", ctypes.c_int64),
+        ("sn_lse_off", ctypes.c_int64),
     ]
 
 
@@ -153,12 +156,17 @@ class DirectLauncher:
         ll128_off: int = 0,
         ll128_max_tokens: int = 0,
         ll128_min_tokens: int = 0,
+        sn_off: int = 0,
+        sn_lse_off: int = 0,
+        sn_pub: int = 0,
+        sn_min_tokens: int = 0,
     ) -> None:
         self._lib = library()
-        # calls with T <= ll128_min_tokens run without the LL128 bit (the plain kernel): the LL128 band is
-        # (max(ll_max_tokens, ll128_min_tokens), ll128_max_tokens], decided per call from T alone (every rank)
-        self._opts, self._opts_small = opts, opts & ~OPTS["ll128"]
-        self._ll128_min = ll128_min_tokens
+        # Per-call bits, decided from T alone (the same on every rank): calls with T <= ll128_min_tokens run
+        # without the LL128 bit (the LL128 band is (max(ll_max_tokens, ll128_min_tokens), ll128_max_tokens]),
+        # calls with T <= sn_min_tokens without the sentinel bit.
+        self._opts = opts
+        self._ll128_min, self._sn_min = ll128_min_tokens, sn_min_tokens
         self._device = ctypes.c_int(device)
         p = OutputDirectParams()
         for i, a in enumerate(peer_addrs):
@@ -169,6 +177,7 @@ class DirectLauncher:
         p.ll128_off = ll128_off
         p.ll_max_tokens = ll_max_tokens
         p.ll128_max_tokens = ll128_max_tokens
+        p.sn_off, p.sn_lse_off, p.sn_pub = sn_off, sn_lse_off, sn_pub
         p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
         p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
         p.base2, p.mech, p.dtype = int(base2), mech, _DTYPE_CODE[dtype]
@@ -187,7 +196,12 @@ class DirectLauncher:
         p.out = out.data_ptr()
         p.out_lse = out_lse.data_ptr() if out_lse is not None else None
         tokens = p.T = partial_out.shape[0]
-        p.opts = self._opts if tokens > self._ll128_min else self._opts_small
+        opts = self._opts
+        if tokens <= self._ll128_min:
+            opts &= ~OPTS["ll128"]
+        if tokens <= self._sn_min:
+            opts &= ~OPTS["sentinel"]
+        p.opts = opts
         stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
@@ -199,8 +213,12 @@ class DirectLauncher:
         """Benchmark only (see :func:`_set_breakdown_stages`): later launches (and captures) use ``stages``."""
         if isinstance(stages, bool) or not isinstance(stages, int) or stages & ~_STAGES_ALL:
             raise ValueError(f"stages must be an int mask of the STAGE_* bits (0..{_STAGES_ALL}), got {stages!r}")
-        if stages and self._opts & (OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"] | OPTS["chunked"]):
-            raise ValueError("the stage breakdown runs the default kernel: not with opts early_load/pdl/ll128/chunked")
+        if stages and self._opts & (
+            OPTS["early_load"] | OPTS["pdl"] | OPTS["ll128"] | OPTS["chunked"] | OPTS["sentinel"]
+        ):
+            raise ValueError(
+                "the stage breakdown runs the default kernel: not with opts early_load/pdl/ll128/chunked/sentinel"
+            )
         self._p.stages = stages
 
 
@@ -248,6 +266,10 @@ def output_direct(
     ll128_off: int = 0,
     ll128_max_tokens: int = 0,
     ll128_min_tokens: int = 0,
+    sn_off: int = 0,
+    sn_lse_off: int = 0,
+    sn_pub: int = 0,
+    sn_min_tokens: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
@@ -275,6 +297,10 @@ def output_direct(
         ll128_off=ll128_off,
         ll128_max_tokens=ll128_max_tokens,
         ll128_min_tokens=ll128_min_tokens,
+        sn_off=sn_off,
+        sn_lse_off=sn_lse_off,
+        sn_pub=sn_pub,
+        sn_min_tokens=sn_min_tokens,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -283,6 +309,6 @@ def output_direct(
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
-    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0,
+    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0, sn_off=0, sn_lse_off=0, sn_pub=0, sn_min_tokens=0,
 ) -> None:  # fmt: skip
     return None

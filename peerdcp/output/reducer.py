@@ -78,12 +78,18 @@ TUNING = {
     # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output_direct.cu), "chunked"
     # (T > cuda_ll_max_tokens: the plain protocol released per chunk of units by a signalling warp, so the
     # combine overlaps the transfer), "split_roles" (with "chunked": separate publishing and combining
-    # warps). () is the kernel without any; bench/output.py measures the variants against the default.
+    # warps), "sentinel" (T > cuda_sentinel_min_tokens: the payload region holds a reserved 16-bit pattern at
+    # rest, so every vector signals its own arrival - no fence, no flag bytes - and the combine runs under
+    # the transfer). () is the kernel without any; bench/output.py measures the variants against the default.
     "cuda_opts": ("pdl",),
+    # With "sentinel": calls with T > this use the sentinel kernel (LL and the LL128 band take precedence).
+    "cuda_sentinel_min_tokens": 48,
+    # With "sentinel": CTAs per SM that only publish (the others only combine); 0: every CTA does both.
+    "cuda_sentinel_publishers_per_sm": 1,
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
-_CUDA_OPTS = ("tight_grid", "early_load", "pdl", "ll128", "chunked", "split_roles")
+_CUDA_OPTS = ("tight_grid", "early_load", "pdl", "ll128", "chunked", "split_roles", "sentinel")
 
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -225,17 +231,27 @@ class OutputReducer:
             )
             cuda_opts = ()
         cuda_opts = tuple(sorted(set(cuda_opts)))
-        for a, b in (("ll128", "tight_grid"), ("ll128", "chunked"), ("chunked", "early_load")):
+        exclusive = (
+            ("ll128", "tight_grid"), ("ll128", "chunked"), ("chunked", "early_load"), ("sentinel", "tight_grid"),
+            ("sentinel", "chunked"),
+        )  # fmt: skip
+        for a, b in exclusive:
             if a in cuda_opts and b in cuda_opts:
                 problems.append((ValueError, f"TUNING['cuda_opts']: {a!r} and {b!r} exclude each other"))
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
+        sn = (TUNING["cuda_sentinel_min_tokens"], TUNING["cuda_sentinel_publishers_per_sm"])
+        for key, v in zip(("cuda_sentinel_min_tokens", "cuda_sentinel_publishers_per_sm"), sn):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                problems.append((ValueError, f"TUNING[{key!r}] must be an int >= 0, got {v!r}"))
+        if "sentinel" not in cuda_opts or not isinstance(sn[0], int) or sn[0] >= max_tokens:
+            sn = None  # no call would use it
         if l128 and l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
             problems.append((ValueError, "LL128: ll128_max_tokens * heads too large (int32 lines); lower it"))
         geometry = (
             max_tokens, heads_per_rank, head_dim, str(dtype), backend, memory, base, kernel, programs, ll, cuda_opts,
-            l128, l128_min,
+            l128, l128_min, sn,
         )  # fmt: skip
         gathered = all_gather_object(info, (problems and [m for _, m in problems], geometry))
         if problems:
@@ -247,6 +263,7 @@ class OutputReducer:
         names = (
             "max_tokens", "heads_per_rank", "head_dim", "dtype", "backend", "memory", "lse_base", "kernel", "programs",
             "ll_max_tokens", "TUNING['cuda_opts']", "ll128_max_tokens", "TUNING['cuda_ll128_min_tokens']",
+            "TUNING['cuda_sentinel_*']",
         )  # fmt: skip
         diff = [n for i, n in enumerate(names) if len({g[1][i] for g in gathered}) != 1]
         if diff:
@@ -280,7 +297,7 @@ class OutputReducer:
                 self.reason = f"direct over {kind} memory" + (f" ({why})" if why else "")
         self.cuda_opts: tuple[str, ...] = ()
         if self.backend == "direct":
-            self._setup_direct(kernel, programs, ll, cuda_opts, l128, l128_min)
+            self._setup_direct(kernel, programs, ll, cuda_opts, l128, l128_min, sn)
         self._closed = False
 
     # ------------------------------------------------------------------------------------ setup
@@ -292,6 +309,7 @@ class OutputReducer:
         cuda_opts: tuple = (),
         ll128_max_tokens: int = 0,
         ll128_min_tokens: int = 0,
+        sentinel: tuple[int, int] | None = None,
     ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
@@ -315,7 +333,8 @@ class OutputReducer:
 
                     try:
                         with torch.cuda.device(dev):
-                            mask = ops.opts_mask(cuda_opts) | (ops.OPTS["ll128"] if ll128_max_tokens else 0)
+                            mask = ops.opts_mask(c for c in cuda_opts if c != "sentinel" or sentinel)
+                            mask |= ops.OPTS["ll128"] if ll128_max_tokens else 0
                             per_sm = ops.blocks_per_sm(W, self.dtype, dev.index, opts=mask)
                             block = ops.cuda_block()
                         if per_sm < 1:
@@ -370,15 +389,30 @@ class OutputReducer:
         if self.ll128_max_tokens:
             lo = max(self.ll_max_tokens, self._ll128_min)
             self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
+        # sentinel kernel: calls with T > sn_min; sn_pub publisher CTAs (>= G: every CTA publishes and combines)
+        self._sn_min, self._sn_pub = 0, 0
+        if choice == "cuda" and sentinel is not None:
+            self._sn_min = sentinel[0]
+            self._sn_pub = G if sentinel[1] == 0 else min(G, sentinel[1] * sms)
+            lo = max(self._sn_min, self.ll_max_tokens)
+            roles = "every CTA both" if self._sn_pub >= G else f"{self._sn_pub} publisher CTAs"
+            self.reason += f", sentinel kernel for T > {lo} ({roles})"
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
         elem = torch.empty((), dtype=self.dtype).element_size()
         self._layout = K.InboxLayout(
             W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens,
-            ll128_tokens=self.ll128_max_tokens,
+            ll128_tokens=self.ll128_max_tokens, sn_tokens=self.max_tokens if self._sn_pub else 0,
         )  # fmt: skip
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
+        if self._sn_pub:
+            # the sentinel region's rest state (every byte 0xFF), in place on every rank before any peer can
+            # publish into it: fill, wait for the fill, then a barrier
+            L = self._layout
+            self._buf.local[L.sn_off : L.sn_off + L.sn_payload_bytes].fill_(0xFF)
+            torch.cuda.synchronize(dev)
+            all_gather_object(info, None)
         self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
         self._err_np = self._err.tensor.numpy()
@@ -412,6 +446,10 @@ class OutputReducer:
                 ll128_off=self._layout.ll128_off,
                 ll128_max_tokens=self.ll128_max_tokens,
                 ll128_min_tokens=self._ll128_min,
+                sn_off=self._layout.sn_off,
+                sn_lse_off=self._layout.sn_lse_off,
+                sn_pub=self._sn_pub,
+                sn_min_tokens=self._sn_min,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -514,7 +552,7 @@ class OutputReducer:
                     self._buf.peer_addrs, self._err.kernel_arg(), self.rank, self.programs, self._hpu,
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
-                    self.ll128_max_tokens, self._ll128_min,
+                    self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_pub, self._sn_min,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

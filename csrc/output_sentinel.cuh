@@ -1,0 +1,187 @@
+// Output/LSE CUDA kernels (see output_direct.cu), part 4: the opt-in sentinel kernel (large T): the payload
+// needs no flag at all, because a slot at rest holds a reserved bit pattern that no published word can have.
+#pragma once
+
+#include "output_common.cuh"
+
+namespace {
+
+// ------------------------------------------------------------------------------------------- sentinel
+// Why: at large T the plain kernel runs publish (link-bound) -> fence + flag -> wait -> combine in series
+// (T = 256, Kimi, H200: 12.8 + ~3 + ~4.8 us). Here every 16-byte payload vector is its own arrival signal,
+// so a vector is combined as soon as it lands - the combine runs under the transfer - with no fence, no
+// flag round trip and no flag bytes on the wire (LL: 1/2 of the bytes, LL128: 1/16).
+//
+// Rest state and arrival. The payload region of every (slot, source) holds the sentinel 0xFFFF in every
+// 16-bit element while no call uses it. A producer never stores 0xFFFF: it rewrites each 0xFFFF element
+// (a NaN in bf16 and fp16) to 0x7FC0 (also a NaN in both; a NaN input with nonzero weight gives a NaN output
+// either way). The consumer reads a vector as four 32-bit words (ld.volatile.v4.u32: each 32-bit element is
+// single-copy atomic in the PTX model; nothing wider is assumed) and takes it once no 16-bit half is
+// 0xFFFF: every word is then this call's (an old word would be all sentinel). After combining, the
+// consumer stores the sentinel back (weak 16-byte store; only it touches the vector until its next use).
+// Every vector of every source is waited for, also when that source's weight is 0 (its bytes are selected
+// away, never multiplied, as in every kernel here), so that no late store can land after the reset.
+// LSEs travel as 64-bit LL words {lse bits, flag} (one u64 store and load: single-copy atomic), flag =
+// uint32(epoch * 2^20 + T): never 0 (fresh memory), never the slot's previous value (epoch - 2, any T), and
+// a peer that called with another T never matches (it times out instead of combining stale rows).
+//
+// Why two slots suffice: A writes slot n%2 in call n after its call n-1 completed; call n-1 waited for
+// every vector and LSE of B's call n-1, which B published after its call n-2 - which consumed and reset
+// slot n%2 - completed (stream order; with PDL, griddepcontrol.wait precedes every access). The resets are
+// plain stores performed before B's call n-1 started, A's call-n stores are issued after A saw data B sent
+// in call n-1: the same causality the LL protocol relies on for its slots. The region is used only by
+// this kernel, so LL, LL128 and plain calls interleave freely with it.
+//
+// Roles. Consumers poll vectors in the order publishers store them (token-major slabs of kBlock vectors), so
+// the combine follows the transfer. With sn_pub < G the first sn_pub CTAs only publish and the others only
+// combine (the combine then never waits behind this CTA's own stores); with sn_pub >= G every CTA publishes
+// its slabs, then combines its slabs. All CTAs are co-resident (G <= occupancy, host side), so a consumer's
+// wait always ends once its peer's publishers ran; the wait is bounded regardless. Every CTA runs in every
+// call (no tight grid): an LSE word's reader is another CTA than its writer, so all epochs must agree.
+//
+// Layout at sn_off: payload [2 slots][W src][max_tokens][H*D/8] uint4 (sentinel at rest), then at
+// sn_lse_off LSE words [2][W][max_tokens][H] u64.
+constexpr uint32_t kSentinelPair = 0xffffffffu;  // two 16-bit sentinels
+
+__device__ __forceinline__ bool has_sentinel(const uint4& v) {
+  return (__vcmpeq2(v.x, kSentinelPair) | __vcmpeq2(v.y, kSentinelPair) | __vcmpeq2(v.z, kSentinelPair) |
+          __vcmpeq2(v.w, kSentinelPair)) != 0u;
+}
+
+// 0xFFFF -> 0x7FC0 in each half (0xFFFF ^ 0x803F); every other value unchanged.
+__device__ __forceinline__ uint32_t off_sentinel(uint32_t w) { return w ^ (__vcmpeq2(w, kSentinelPair) & 0x803f803fu); }
+
+template <typename scalar_t, int WMAX, int kVar>
+__global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputDirectParams p) {
+  pdl_enter<kVar>();
+  const int prog = blockIdx.x;
+  const int tid = threadIdx.x;
+  __shared__ int64_t s_epoch;
+  advance_epoch(p, prog, &s_epoch);
+  __syncthreads();
+  const int64_t e = s_epoch;
+  const int slot = static_cast<int>(e & 1);
+  const uint32_t f = static_cast<uint32_t>(e * kTokenSpace + p.T);
+  const int W = p.W, H = p.H, rank = p.rank, T = p.T, VH = p.D >> 3;
+  const int HV = H * VH;           // vectors per (token, source) slice
+  const int64_t WHV = int64_t(W) * HV;
+  const int N = T * HV;            // vectors per source slice of the call (< 2^31: host check)
+  const int nslab = (N + kBlock - 1) / kBlock;
+  const int G = p.G;
+  const bool unified = p.sn_pub >= G;
+  const int P = unified ? G : p.sn_pub, C = unified ? G : G - p.sn_pub;
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
+
+  if (unified || prog < P) {
+    // ---- LSE words first (few; they travel ahead of the vectors that need them)
+    const int n_lse = (W - 1) * T * H;
+    for (int i = prog * kBlock + tid; i < n_lse; i += P * kBlock) {
+      const int dj = i / (T * H);
+      const int r = i - dj * T * H;
+      const int t = r / H, h = r - (r / H) * H;
+      const int d = dj + (dj >= rank);
+      const float v = __ldg(p.partial_lse + int64_t(t) * W * H + d * H + h);
+      uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[d] + p.sn_lse_off) + (my_row0 + t) * H + h;
+      peerdcp::st_volatile_u64(dl, (uint64_t(f) << 32) | __float_as_uint(v));
+    }
+    // ---- payload: block b = (slab, destination) in slab order, kPubUnroll blocks' loads in flight; at round
+    // r all publishers work on the blocks [r*P*U, (r+1)*P*U), so the slabs leave roughly in order
+    const int nd = W - 1, nb = nslab * nd;
+    for (int b0 = prog; b0 < nb; b0 += P * kPubUnroll) {
+      uint4 v[kPubUnroll];
+      int d[kPubUnroll], vec[kPubUnroll];
+#pragma unroll
+      for (int k = 0; k < kPubUnroll; ++k) {
+        const int b = b0 + k * P;
+        d[k] = -1;
+        if (b < nb) {
+          const int s = b / nd, dj = b - s * nd;
+          vec[k] = s * kBlock + tid;
+          if (vec[k] < N) {
+            const int t = vec[k] / HV;
+            d[k] = dj + (dj >= rank);
+            v[k] = __ldg(src + t * WHV + int64_t(d[k]) * HV + (vec[k] - t * HV));
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kPubUnroll; ++k) {
+        if (d[k] >= 0) {
+          const uint4 w = make_uint4(off_sentinel(v[k].x), off_sentinel(v[k].y), off_sentinel(v[k].z),
+                                     off_sentinel(v[k].w));
+          reinterpret_cast<uint4*>(p.peer_base[d[k]] + p.sn_off)[my_row0 * HV + vec[k]] = w;  // weak store
+        }
+      }
+    }
+    if (!unified) return;
+  }
+
+  // ---- combine: slab b = ci + C*(r*U + k); every load of a round is issued before the first poll
+  const int ci = unified ? prog : prog - P;
+  uint4* in_pay = reinterpret_cast<uint4*>(p.peer_base[rank] + p.sn_off);
+  const uint64_t* in_lse = reinterpret_cast<const uint64_t*>(p.peer_base[rank] + p.sn_lse_off);
+  int dead = 0;  // sources this thread gave up on: one timeout per source, not one per vector
+  for (int b0 = ci; b0 < nslab; b0 += C * kCombUnroll) {
+    int t[kCombUnroll], o[kCombUnroll], h[kCombUnroll];
+    bool valid[kCombUnroll];
+    float own_l[kCombUnroll];
+    uint4 own_v[kCombUnroll];
+    uint4 x[kCombUnroll][WMAX];
+    uint64_t c[kCombUnroll][WMAX];
+#pragma unroll
+    for (int k = 0; k < kCombUnroll; ++k) {
+      const int vec = (b0 + k * C) * kBlock + tid;  // (b0 + k*C < nslab checked through vec < N)
+      valid[k] = b0 + k * C < nslab && vec < N;
+      t[k] = o[k] = h[k] = 0;
+      if (!valid[k]) continue;
+      t[k] = vec / HV;
+      o[k] = vec - t[k] * HV;
+      h[k] = o[k] / VH;
+      own_l[k] = __ldg(p.partial_lse + int64_t(t[k]) * W * H + rank * H + h[k]);
+      own_v[k] = __ldg(src + t[k] * WHV + int64_t(rank) * HV + o[k]);
+#pragma unroll
+      for (int s = 0; s < WMAX; ++s) {
+        if (s < W && s != rank) {
+          const int64_t row = int64_t(slot * W + s) * p.max_tokens + t[k];
+          x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
+          c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kCombUnroll; ++k) {
+      if (!valid[k]) continue;
+      float l[WMAX];
+#pragma unroll
+      for (int s = 0; s < WMAX; ++s) {
+        if (s < W && s != rank) {
+          const int64_t row = int64_t(slot * W + s) * p.max_tokens + t[k];
+          auto here = [&]() { return uint32_t(c[k][s] >> 32) == f && !has_sentinel(x[k][s]); };
+          if (!here() && !((dead >> s) & 1)) {
+            const uint64_t t0 = peerdcp::global_timer_ns();
+            int spins = 0;
+            while (!here()) {
+              if (uint32_t(c[k][s] >> 32) != f) c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
+              if (has_sentinel(x[k][s])) x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
+              if (!here() && ++spins == 64) {
+                spins = 0;
+                if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+              }
+            }
+            if (!here()) {  // timed out: this source counts as empty; the host raises at the next call
+              dead |= 1 << s;
+              peerdcp::report_timeout(p.err, rank, s, p.mech, e * kTokenSpace + T);
+            }
+          }
+          const bool ok = here();
+          l[s] = ok ? __uint_as_float(uint32_t(c[k][s])) : -INFINITY;
+          if (ok) in_pay[row * HV + o[k]] = make_uint4(kSentinelPair, kSentinelPair, kSentinelPair, kSentinelPair);
+        }
+      }
+      combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l, x[k], t[k], h[k], o[k] - h[k] * VH);
+    }
+  }
+}
+
+}  // namespace

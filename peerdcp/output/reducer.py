@@ -86,6 +86,8 @@ TUNING = {
     "cuda_sentinel_min_tokens": 48,
     # With "sentinel": CTAs per SM that only publish (the others only combine); 0: every CTA does both.
     "cuda_sentinel_publishers_per_sm": 1,
+    # With "sentinel": a consumer's back-off (ns, __nanosleep) between polls of a vector not there yet; 0: none.
+    "cuda_sentinel_sleep_ns": 0,
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -241,8 +243,9 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
-        sn = (TUNING["cuda_sentinel_min_tokens"], TUNING["cuda_sentinel_publishers_per_sm"])
-        for key, v in zip(("cuda_sentinel_min_tokens", "cuda_sentinel_publishers_per_sm"), sn):
+        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers_per_sm", "cuda_sentinel_sleep_ns")
+        sn = tuple(TUNING[k] for k in sn_keys)
+        for key, v in zip(sn_keys, sn):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 problems.append((ValueError, f"TUNING[{key!r}] must be an int >= 0, got {v!r}"))
         if "sentinel" not in cuda_opts or not isinstance(sn[0], int) or sn[0] >= max_tokens:
@@ -309,7 +312,7 @@ class OutputReducer:
         cuda_opts: tuple = (),
         ll128_max_tokens: int = 0,
         ll128_min_tokens: int = 0,
-        sentinel: tuple[int, int] | None = None,
+        sentinel: tuple[int, int, int] | None = None,
     ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
@@ -390,9 +393,9 @@ class OutputReducer:
             lo = max(self.ll_max_tokens, self._ll128_min)
             self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
         # sentinel kernel: calls with T > sn_min; sn_pub publisher CTAs (>= G: every CTA publishes and combines)
-        self._sn_min, self._sn_pub = 0, 0
+        self._sn_min, self._sn_pub, self._sn_sleep = 0, 0, 0
         if choice == "cuda" and sentinel is not None:
-            self._sn_min = sentinel[0]
+            self._sn_min, self._sn_sleep = sentinel[0], sentinel[2]
             self._sn_pub = G if sentinel[1] == 0 else min(G, sentinel[1] * sms)
             lo = max(self._sn_min, self.ll_max_tokens)
             roles = "every CTA both" if self._sn_pub >= G else f"{self._sn_pub} publisher CTAs"
@@ -450,6 +453,7 @@ class OutputReducer:
                 sn_lse_off=self._layout.sn_lse_off,
                 sn_pub=self._sn_pub,
                 sn_min_tokens=self._sn_min,
+                sn_sleep_ns=self._sn_sleep,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -553,6 +557,7 @@ class OutputReducer:
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
                     self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_pub, self._sn_min,
+                    self._sn_sleep,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

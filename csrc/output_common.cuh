@@ -64,6 +64,7 @@ struct OutputDirectParams {
   int64_t sn_off;           // sentinel region: payload (see output_direct_sentinel_kernel)
   int64_t sn_lse_off;       // ... and its LSE words
   int32_t sn_sleep_ns;      // sentinel kernel: back-off of a consumer between polls of a vector not there yet
+  int64_t* dbg;             // diagnosis only (nullptr in every public path): sentinel kernel timeline, [G][4] int64
 };
 
 // griddepcontrol (PTX ISA 7.8, sm_90): programmatic dependent launch.

@@ -72,6 +72,18 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
   const int P = unified ? G : p.sn_pub, C = unified ? G : G - p.sn_pub;
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
   const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
+  // diagnosis (scripts/diag/sentinel_timeline.py): [start, publish done, combine done, SM] per CTA, in ns
+  auto stamp = [&](int k) {
+    if (p.dbg == nullptr) return;
+    __syncthreads();
+    if (tid == 0) {
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      p.dbg[prog * 4 + k] = static_cast<int64_t>(peerdcp::global_timer_ns());
+      p.dbg[prog * 4 + 3] = sm;
+    }
+  };
+  stamp(0);
 
   if (unified || prog < P) {
     // ---- LSE words first (few; they travel ahead of the vectors that need them)
@@ -114,6 +126,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
         }
       }
     }
+    stamp(1);
     if (!unified) return;
   }
 
@@ -183,6 +196,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
       combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l, x[k], t[k], h[k], o[k] - h[k] * VH);
     }
   }
+  stamp(2);
 }
 
 }  // namespace

@@ -88,6 +88,7 @@ class OutputDirectParams(ctypes.Structure):
         ("sn_off", ctypes.c_int64),
         ("sn_lse_off", ctypes.c_int64),
         ("sn_sleep_ns", ctypes.c_int32),
+        ("dbg", ctypes.c_void_p),  # diagnosis only (scripts/diag/sentinel_timeline.py); None everywhere else
     ]
 
 

@@ -71,8 +71,10 @@ def rank_main(cfg: dict) -> list[str]:
             is_pub = torch.arange(G) < pub if pub < G else torch.ones(G, dtype=torch.bool)
             is_cons = torch.arange(G) >= pub if pub < G else torch.ones(G, dtype=torch.bool)
             sms_pub = len(set(t[is_pub, 3].tolist()))
+            bases = [None] * W
+            dist.all_gather_object(bases, base)  # globaltimer skew between the ranks' first CTAs (same clock?)
             lines.append(
-                f"rank {rank} {name:11} T={T:<4} start {_q(start - base)} | publish done {_q(t[is_pub, 1] - base)}"
+                f"rank {rank} {name:11} T={T:<4} skew {(base - min(bases)) / 1000:7.2f} start {_q(start - base)} | publish done {_q(t[is_pub, 1] - base)}"
                 f" | combine done {_q(t[is_cons, 2] - base)} | publisher SMs {sms_pub}/{int(is_pub.sum())}"
             )
         red._launch_cuda._p.dbg = None
@@ -85,7 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--lead-cycles", type=int, default=200_000, help="GPU sleep between the barrier and the call")
+    ap.add_argument("--lead-cycles", type=int, default=2_000_000, help="GPU sleep between the barrier and the call")
     a = ap.parse_args()
     from bench.common import run_ranks
 

@@ -4,8 +4,8 @@
 
 For each role layout of the sentinel kernel (every CTA publishes then combines; 1 publisher CTA per SM with the
 others combining) and each T, runs eager calls with the kernel's diagnosis timeline on (per CTA: start,
-publish done, combine done, SM id; ns of the GPU's globaltimer; ``OutputDirectParams.dbg``), each after a
-device barrier and a GPU sleep (so both ranks' calls start together), and prints per rank, relative to the earliest CTA start of the call: the spread of the starts,
+publish done, combine done, SM id; ns of the GPU's globaltimer; ``OutputDirectParams.dbg``), each right
+after an unrecorded call (which aligns the ranks: it ends on both once both published), and prints per rank, relative to the earliest CTA start of the call: the spread of the starts,
 when the publishers finished (min / median / max), when the combiners finished, and on how many distinct SMs
 the publishers ran. The last repetition is reported (the first ones warm up).
 """
@@ -62,7 +62,12 @@ def rank_main(cfg: dict) -> list[str]:
             for _ in range(cfg["reps"]):
                 dbg.zero_()
                 device_barrier()
-                torch.cuda._sleep(cfg["lead_cycles"])  # the host enqueues the call before the GPU gets there
+                torch.cuda._sleep(cfg["lead_cycles"])  # the host enqueues both calls before the GPU gets there
+                # the first call aligns the ranks (each completes once the other's data is there; the timed call
+                # starts on both right after it, by stream order), the second one is recorded
+                red._launch_cuda._p.dbg = None
+                red.reduce(po, pl)
+                red._launch_cuda._p.dbg = dbg.data_ptr()
                 red.reduce(po, pl)
                 torch.cuda.synchronize()
             t = dbg.view(G, 4).cpu()
@@ -87,7 +92,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--lead-cycles", type=int, default=2_000_000, help="GPU sleep between the barrier and the call")
+    ap.add_argument("--lead-cycles", type=int, default=200_000, help="GPU sleep between the barrier and the call")
     a = ap.parse_args()
     from bench.common import run_ranks
 

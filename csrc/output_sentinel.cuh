@@ -42,6 +42,12 @@ namespace {
 // Layout at sn_off: payload [2 slots][W src][max_tokens][H*D/8] uint4 (sentinel at rest), then at
 // sn_lse_off LSE words [2][W][max_tokens][H] u64.
 constexpr uint32_t kSentinelPair = 0xffffffffu;  // two 16-bit sentinels
+// slabs per combine round of a thread (every load of a round is issued before its first poll); the build can
+// override it for tuning sweeps only: PEERDCP_NVCC_EXTRA="-DPEERDCP_OUTPUT_SN_COMB_UNROLL=4"
+#ifndef PEERDCP_OUTPUT_SN_COMB_UNROLL
+#define PEERDCP_OUTPUT_SN_COMB_UNROLL 2
+#endif
+constexpr int kSnCombUnroll = PEERDCP_OUTPUT_SN_COMB_UNROLL;
 
 __device__ __forceinline__ bool has_sentinel(const uint4& v) {
   return (__vcmpeq2(v.x, kSentinelPair) | __vcmpeq2(v.y, kSentinelPair) | __vcmpeq2(v.z, kSentinelPair) |
@@ -135,15 +141,15 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
   uint4* in_pay = reinterpret_cast<uint4*>(p.peer_base[rank] + p.sn_off);
   const uint64_t* in_lse = reinterpret_cast<const uint64_t*>(p.peer_base[rank] + p.sn_lse_off);
   int dead = 0;  // sources this thread gave up on: one timeout per source, not one per vector
-  for (int b0 = ci; b0 < nslab; b0 += C * kCombUnroll) {
-    int t[kCombUnroll], o[kCombUnroll], h[kCombUnroll];
-    bool valid[kCombUnroll];
-    float own_l[kCombUnroll];
-    uint4 own_v[kCombUnroll];
-    uint4 x[kCombUnroll][WMAX];
-    uint64_t c[kCombUnroll][WMAX];
+  for (int b0 = ci; b0 < nslab; b0 += C * kSnCombUnroll) {
+    int t[kSnCombUnroll], o[kSnCombUnroll], h[kSnCombUnroll];
+    bool valid[kSnCombUnroll];
+    float own_l[kSnCombUnroll];
+    uint4 own_v[kSnCombUnroll];
+    uint4 x[kSnCombUnroll][WMAX];
+    uint64_t c[kSnCombUnroll][WMAX];
 #pragma unroll
-    for (int k = 0; k < kCombUnroll; ++k) {
+    for (int k = 0; k < kSnCombUnroll; ++k) {
       const int vec = (b0 + k * C) * kBlock + tid;  // (b0 + k*C < nslab checked through vec < N)
       valid[k] = b0 + k * C < nslab && vec < N;
       t[k] = o[k] = h[k] = 0;
@@ -163,7 +169,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
       }
     }
 #pragma unroll
-    for (int k = 0; k < kCombUnroll; ++k) {
+    for (int k = 0; k < kSnCombUnroll; ++k) {
       if (!valid[k]) continue;
       float l[WMAX];
 #pragma unroll

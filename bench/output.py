@@ -72,38 +72,20 @@ KERNEL_VARIANTS = {
     "cuda_chunked": ("cuda", None, ("chunked",), None),
     "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl"), None),
     "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles"), None),
-    # the sentinel kernel for T > 48 (1 publisher CTA per SM, the other combines), every CTA both, and for T > 8
+    # the sentinel kernel for T > 48 (every CTA publishes, then combines), for T > 8, and for T > 8 with N
+    # publisher CTAs (the other CTAs only combine)
     "cuda_sentinel": ("cuda", None, ("pdl", "sentinel"), None),
-    "cuda_sentinel_u": ("cuda", None, ("pdl", "sentinel"), None, {"cuda_sentinel_publishers_per_sm": 0}),
     "cuda_sentinel_all": ("cuda", None, ("pdl", "sentinel"), 0, {"cuda_sentinel_min_tokens": 0}),
-    "cuda_sentinel_all_u": (
-        "cuda",
-        None,
-        ("pdl", "sentinel"),
-        0,
-        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers_per_sm": 0},
-    ),
-    "cuda_sentinel_all_s100": (
-        "cuda",
-        None,
-        ("pdl", "sentinel"),
-        0,
-        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_sleep_ns": 100},
-    ),
-    "cuda_sentinel_all_s400": (
-        "cuda",
-        None,
-        ("pdl", "sentinel"),
-        0,
-        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_sleep_ns": 400},
-    ),
-    "cuda_sentinel_all_u_s100": (
-        "cuda",
-        None,
-        ("pdl", "sentinel"),
-        0,
-        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers_per_sm": 0, "cuda_sentinel_sleep_ns": 100},
-    ),
+    **{
+        f"cuda_sentinel_p{n}": (
+            "cuda",
+            None,
+            ("pdl", "sentinel"),
+            0,
+            {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n},
+        )
+        for n in (16, 32, 64, 132)
+    },
     "cuda_plain": ("cuda", 0, None, 0),
     "cuda_ll": ("cuda", "max", None, None),
     "triton": ("triton", None, None, None),

@@ -63,7 +63,6 @@ struct OutputDirectParams {
   int32_t sn_pub;           // with kOptSentinel: publisher CTAs of the sentinel kernel (>= G: every CTA both)
   int64_t sn_off;           // sentinel region: payload (see output_direct_sentinel_kernel)
   int64_t sn_lse_off;       // ... and its LSE words
-  int32_t sn_sleep_ns;      // sentinel kernel: back-off of a consumer between polls of a vector not there yet
   int64_t* dbg;             // diagnosis only (nullptr in every public path): sentinel kernel timeline, [G][4] int64
 };
 

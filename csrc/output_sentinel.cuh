@@ -183,7 +183,6 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
             while (!here()) {
               if (uint32_t(c[k][s] >> 32) != f) c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
               if (has_sentinel(x[k][s])) x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
-              if (p.sn_sleep_ns > 0 && !here()) __nanosleep(p.sn_sleep_ns);  // fewer polls while the link is busy
               if (!here() && ++spins == 64) {
                 spins = 0;
                 if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;

@@ -29,7 +29,7 @@ def _pool(pools):
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
 # ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
 # "cuda_sentinel" (the default plus the sentinel kernel for T > 48), "cuda_sentinel_only" (the sentinel kernel at
-# every T), "cuda_sentinel_u" (the same, every CTA publishing and combining), "triton" (the Triton twin)
+# every T), "cuda_sentinel_split" (the same with 32 publisher CTAs, the others combining), "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
     "cuda_ll": ("cuda", "max"),
@@ -43,7 +43,7 @@ VARIANTS = {
     "cuda_ll128_32": ("cuda", None),  # LL128 band (20, 32] instead of the default (20, 48]
     "cuda_sentinel": ("cuda", None),
     "cuda_sentinel_only": ("cuda", 0),
-    "cuda_sentinel_u": ("cuda", 0),
+    "cuda_sentinel_split": ("cuda", 0),
     "triton": ("triton", None),
 }
 OPTS = {
@@ -55,14 +55,14 @@ OPTS = {
     "cuda_nopdl": (),
     "cuda_sentinel": ("pdl", "sentinel"),
     "cuda_sentinel_only": {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0},
-    "cuda_sentinel_u": {
+    "cuda_sentinel_split": {
         "cuda_opts": ("pdl", "sentinel"),
         "cuda_sentinel_min_tokens": 0,
-        "cuda_sentinel_publishers_per_sm": 0,
+        "cuda_sentinel_publishers": 32,
     },
 }  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",)), or TUNING entries (a dict)
 # ll128_max_tokens of a variant (absent: the default, 48)
-LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32, "cuda_sentinel_only": 0, "cuda_sentinel_u": 0}
+LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32, "cuda_sentinel_only": 0, "cuda_sentinel_split": 0}
 
 
 def _run(pool, kernel: str, fn_name: str, *args, **kw):
@@ -104,7 +104,7 @@ def _ok(res):
         "cuda_chunked",
         "cuda_sentinel",
         "cuda_sentinel_only",
-        "cuda_sentinel_u",
+        "cuda_sentinel_split",
         "triton",
     ],
 )
@@ -165,7 +165,7 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
         "cuda_chunked_split",
         "cuda_sentinel",
         "cuda_sentinel_only",
-        "cuda_sentinel_u",
+        "cuda_sentinel_split",
         "triton",
     ],
 )

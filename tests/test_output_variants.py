@@ -169,7 +169,7 @@ def test_sentinel_bit_chosen_per_call_from_T():
 
 
 def test_sentinel_tuning_validated_on_every_rank(pools):
-    for key in ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers_per_sm"):
+    for key in ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers"):
         for bad in (-1, "4", True):
             res = pools(2).run(fns.construct_with_opts, HOST, {"cuda_opts": ("sentinel",), key: bad})
             assert all(r.get("error", "").startswith("ValueError") and key in r["error"] for r in res), res
@@ -193,9 +193,9 @@ OPT_SETS = [
     ("chunked",),
     ("chunked", "pdl", "tight_grid"),
     ("chunked", "split_roles"),
-    ("sentinel", "pdl"),  # T > 48 (1 publisher CTA per SM, the other combines)
+    ("sentinel", "pdl"),  # T > 48 (every CTA publishes, then combines)
     {"cuda_opts": ("sentinel",), "cuda_sentinel_min_tokens": 0},  # every T above the LL range
-    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers_per_sm": 0},
+    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": 32},
 ]
 OPT_IDS = ["+".join(o) if isinstance(o, tuple) else "+".join(o["cuda_opts"]) + f"-{i}" for i, o in enumerate(OPT_SETS)]
 

@@ -87,7 +87,6 @@ class OutputDirectParams(ctypes.Structure):
         ("sn_pub", ctypes.c_int32),
         ("sn_off", ctypes.c_int64),
         ("sn_lse_off", ctypes.c_int64),
-        ("sn_sleep_ns", ctypes.c_int32),
         ("dbg", ctypes.c_void_p),  # diagnosis only (scripts/diag/sentinel_timeline.py); None everywhere else
     ]
 
@@ -162,7 +161,6 @@ class DirectLauncher:
         sn_lse_off: int = 0,
         sn_pub: int = 0,
         sn_min_tokens: int = 0,
-        sn_sleep_ns: int = 0,
     ) -> None:
         self._lib = library()
         # Per-call bits, decided from T alone (the same on every rank): calls with T <= ll128_min_tokens run
@@ -180,7 +178,7 @@ class DirectLauncher:
         p.ll128_off = ll128_off
         p.ll_max_tokens = ll_max_tokens
         p.ll128_max_tokens = ll128_max_tokens
-        p.sn_off, p.sn_lse_off, p.sn_pub, p.sn_sleep_ns = sn_off, sn_lse_off, sn_pub, sn_sleep_ns
+        p.sn_off, p.sn_lse_off, p.sn_pub = sn_off, sn_lse_off, sn_pub
         p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
         p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
         p.base2, p.mech, p.dtype = int(base2), mech, _DTYPE_CODE[dtype]
@@ -273,7 +271,6 @@ def output_direct(
     sn_lse_off: int = 0,
     sn_pub: int = 0,
     sn_min_tokens: int = 0,
-    sn_sleep_ns: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
@@ -305,7 +302,6 @@ def output_direct(
         sn_lse_off=sn_lse_off,
         sn_pub=sn_pub,
         sn_min_tokens=sn_min_tokens,
-        sn_sleep_ns=sn_sleep_ns,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -315,6 +311,5 @@ def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
     ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0, sn_off=0, sn_lse_off=0, sn_pub=0, sn_min_tokens=0,
-    sn_sleep_ns=0,
 ) -> None:  # fmt: skip
     return None

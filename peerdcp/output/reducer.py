@@ -84,10 +84,9 @@ TUNING = {
     "cuda_opts": ("pdl",),
     # With "sentinel": calls with T > this use the sentinel kernel (LL and the LL128 band take precedence).
     "cuda_sentinel_min_tokens": 48,
-    # With "sentinel": CTAs per SM that only publish (the others only combine); 0: every CTA does both.
-    "cuda_sentinel_publishers_per_sm": 1,
-    # With "sentinel": a consumer's back-off (ns, __nanosleep) between polls of a vector not there yet; 0: none.
-    "cuda_sentinel_sleep_ns": 0,
+    # With "sentinel": CTAs that only publish (the others only combine); 0 (or >= the grid): every CTA publishes
+    # its share, then combines its share.
+    "cuda_sentinel_publishers": 0,
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -243,7 +242,7 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
-        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers_per_sm", "cuda_sentinel_sleep_ns")
+        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers")
         sn = tuple(TUNING[k] for k in sn_keys)
         for key, v in zip(sn_keys, sn):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -312,7 +311,7 @@ class OutputReducer:
         cuda_opts: tuple = (),
         ll128_max_tokens: int = 0,
         ll128_min_tokens: int = 0,
-        sentinel: tuple[int, int, int] | None = None,
+        sentinel: tuple[int, int] | None = None,
     ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
@@ -393,10 +392,10 @@ class OutputReducer:
             lo = max(self.ll_max_tokens, self._ll128_min)
             self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
         # sentinel kernel: calls with T > sn_min; sn_pub publisher CTAs (>= G: every CTA publishes and combines)
-        self._sn_min, self._sn_pub, self._sn_sleep = 0, 0, 0
+        self._sn_min, self._sn_pub = 0, 0
         if choice == "cuda" and sentinel is not None:
-            self._sn_min, self._sn_sleep = sentinel[0], sentinel[2]
-            self._sn_pub = G if sentinel[1] == 0 else min(G, sentinel[1] * sms)
+            self._sn_min = sentinel[0]
+            self._sn_pub = G if sentinel[1] == 0 else min(G, sentinel[1])
             lo = max(self._sn_min, self.ll_max_tokens)
             roles = "every CTA both" if self._sn_pub >= G else f"{self._sn_pub} publisher CTAs"
             self.reason += f", sentinel kernel for T > {lo} ({roles})"
@@ -453,7 +452,6 @@ class OutputReducer:
                 sn_lse_off=self._layout.sn_lse_off,
                 sn_pub=self._sn_pub,
                 sn_min_tokens=self._sn_min,
-                sn_sleep_ns=self._sn_sleep,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -557,7 +555,6 @@ class OutputReducer:
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
                     self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_pub, self._sn_min,
-                    self._sn_sleep,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

@@ -1,13 +1,14 @@
-"""Where does the Output sentinel kernel's time go at large T? (GPU machine, W = 2)
+"""Where does the Output sentinel kernel's time go? (GPU machine, W = 2)
 
     python3 scripts/diag/sentinel_timeline.py [--tokens 64 128 256] [--reps 5]
 
-For each role layout of the sentinel kernel (every CTA publishes then combines; 1 publisher CTA per SM with the
+For each role layout of the sentinel kernel (every CTA publishes then combines; N publisher CTAs with the
 others combining) and each T, runs eager calls with the kernel's diagnosis timeline on (per CTA: start,
-publish done, combine done, SM id; ns of the GPU's globaltimer; ``OutputDirectParams.dbg``), each right
-after an unrecorded call (which aligns the ranks: it ends on both once both published), and prints per rank, relative to the earliest CTA start of the call: the spread of the starts,
-when the publishers finished (min / median / max), when the combiners finished, and on how many distinct SMs
-the publishers ran. The last repetition is reported (the first ones warm up).
+publish done, combine done, SM id; ns of the GPU's globaltimer; ``OutputDirectParams.dbg``), each right after
+an unrecorded call (which roughly aligns the ranks: it ends on both once both published). Prints per rank,
+relative to the call's earliest CTA start: the spread of the starts, when the publishers finished (min /
+median / max), when the combiners finished, and on how many distinct SMs the publishers ran. The last
+repetition is reported (the first ones warm up). The ranks' globaltimers are not one clock ("skew").
 """
 
 from __future__ import annotations
@@ -18,12 +19,8 @@ from unittest import mock
 import torch
 
 VARIANTS = {
-    "unified": {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers_per_sm": 0},
-    "split-1/SM": {
-        "cuda_opts": ("pdl", "sentinel"),
-        "cuda_sentinel_min_tokens": 0,
-        "cuda_sentinel_publishers_per_sm": 1,
-    },
+    name: {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n}
+    for name, n in (("unified", 0), ("split-32", 32), ("split-132", 132))
 }
 
 
@@ -79,7 +76,8 @@ def rank_main(cfg: dict) -> list[str]:
             bases = [None] * W
             dist.all_gather_object(bases, base)  # globaltimer skew between the ranks' first CTAs (same clock?)
             lines.append(
-                f"rank {rank} {name:11} T={T:<4} skew {(base - min(bases)) / 1000:7.2f} start {_q(start - base)} | publish done {_q(t[is_pub, 1] - base)}"
+                f"rank {rank} {name:11} T={T:<4} skew {(base - min(bases)) / 1000:7.2f} start {_q(start - base)}"
+                f" | publish done {_q(t[is_pub, 1] - base)}"
                 f" | combine done {_q(t[is_cons, 2] - base)} | publisher SMs {sms_pub}/{int(is_pub.sum())}"
             )
         red._launch_cuda._p.dbg = None
@@ -96,7 +94,9 @@ def main() -> int:
     a = ap.parse_args()
     from bench.common import run_ranks
 
-    res = run_ranks("scripts.diag.sentinel_timeline:rank_main", 2, dict(tokens=a.tokens, reps=a.reps, lead_cycles=a.lead_cycles))
+    res = run_ranks(
+        "scripts.diag.sentinel_timeline:rank_main", 2, dict(tokens=a.tokens, reps=a.reps, lead_cycles=a.lead_cycles)
+    )
     print("µs after the call's first CTA start: min median max over CTAs")
     for lines in res:
         print("\n".join(lines))

@@ -84,7 +84,7 @@ KERNEL_VARIANTS = {
             0,
             {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n},
         )
-        for n in (16, 32, 64, 132)
+        for n in (16, 24, 32, 40, 48, 64, 132)
     },
     "cuda_plain": ("cuda", 0, None, 0),
     "cuda_ll": ("cuda", "max", None, None),

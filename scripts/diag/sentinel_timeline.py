@@ -18,10 +18,14 @@ from unittest import mock
 
 import torch
 
-VARIANTS = {
-    name: {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n}
-    for name, n in (("unified", 0), ("split-32", 32), ("split-132", 132))
-}
+
+def _variants(publishers: list[int]) -> dict:
+    return {
+        ("unified" if n == 0 else f"split-{n}"): {
+            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n,
+        }
+        for n in publishers
+    }  # fmt: skip
 
 
 def _q(x: torch.Tensor) -> str:
@@ -42,7 +46,7 @@ def rank_main(cfg: dict) -> list[str]:
     dev = torch.device("cuda", torch.cuda.current_device())
     H, D = 16, 512
     lines = []
-    for name, tuning in VARIANTS.items():
+    for name, tuning in _variants(cfg["publishers"]).items():
         with mock.patch.dict(R.TUNING, tuning):
             red = peerdcp.OutputReducer(
                 None, max_tokens=max(cfg["tokens"]), heads_per_rank=H, head_dim=D, backend="direct", memory="vmm",
@@ -90,12 +94,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--publishers", nargs="+", type=int, default=[0, 32, 132], help="0: every CTA both")
     ap.add_argument("--lead-cycles", type=int, default=200_000, help="GPU sleep between the barrier and the call")
     a = ap.parse_args()
     from bench.common import run_ranks
 
     res = run_ranks(
-        "scripts.diag.sentinel_timeline:rank_main", 2, dict(tokens=a.tokens, reps=a.reps, lead_cycles=a.lead_cycles)
+        "scripts.diag.sentinel_timeline:rank_main",
+        2,
+        dict(tokens=a.tokens, reps=a.reps, lead_cycles=a.lead_cycles, publishers=a.publishers),
     )
     print("µs after the call's first CTA start: min median max over CTAs")
     for lines in res:

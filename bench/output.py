@@ -72,19 +72,26 @@ KERNEL_VARIANTS = {
     "cuda_chunked": ("cuda", None, ("chunked",), None),
     "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl"), None),
     "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles"), None),
-    # the sentinel kernel for T > 48 (every CTA publishes, then combines), for T > 8, and for T > 8 with N
-    # publisher CTAs (the other CTAs only combine)
+    # the sentinel kernel: for T > 48 (split roles above 64), for T > 8 (the same), for T > 8 with every CTA
+    # publishing and combining, and for T > 8 with split roles at every T, publishers on every n-th SM
     "cuda_sentinel": ("cuda", None, ("pdl", "sentinel"), None),
     "cuda_sentinel_all": ("cuda", None, ("pdl", "sentinel"), 0, {"cuda_sentinel_min_tokens": 0}),
+    "cuda_sentinel_all_u": (
+        "cuda",
+        None,
+        ("pdl", "sentinel"),
+        0,
+        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publisher_stride": 0},
+    ),
     **{
-        f"cuda_sentinel_p{n}": (
+        f"cuda_sentinel_s{n}": (
             "cuda",
             None,
             ("pdl", "sentinel"),
             0,
-            {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n},
+            {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publisher_stride": n, "cuda_sentinel_split_min_tokens": 0},
         )
-        for n in (16, 24, 32, 40, 48, 64, 132)
+        for n in (2, 3, 4, 5, 6, 8)
     },
     "cuda_plain": ("cuda", 0, None, 0),
     "cuda_ll": ("cuda", "max", None, None),

@@ -32,12 +32,13 @@ namespace {
 // in call n-1: the same causality the LL protocol relies on for its slots. The region is used only by
 // this kernel, so LL, LL128 and plain calls interleave freely with it.
 //
-// Roles. Consumers poll vectors in the order publishers store them (token-major slabs of kBlock vectors), so
-// the combine follows the transfer. With sn_pub < G the first sn_pub CTAs only publish and the others only
-// combine (the combine then never waits behind this CTA's own stores); with sn_pub >= G every CTA publishes
-// its slabs, then combines its slabs. All CTAs are co-resident (G <= occupancy, host side), so a consumer's
-// wait always ends once its peer's publishers ran; the wait is bounded regardless. Every CTA runs in every
-// call (no tight grid): an LSE word's reader is another CTA than its writer, so all epochs must agree.
+// Roles. Combiners take vectors in the order publishers store them (token-major slabs of kBlock vectors), so
+// the combine follows the transfer. sn_pub == 0: every CTA publishes its blocks, then combines its slabs (a
+// static partition). sn_pub > 0: the CTAs on SMs whose id is a multiple of sn_pub publish, the others combine,
+// all pulling work from per-call queues (see the kernel). All CTAs are co-resident (G <= occupancy, host side),
+// so a combiner's wait always ends once its peer's publishers ran; the wait is bounded regardless. Every CTA
+// runs in every call (no tight grid): an LSE word's reader is another CTA than its writer, so all epochs must
+// agree.
 //
 // Layout at sn_off: payload [2 slots][W src][max_tokens][H*D/8] uint4 (sentinel at rest), then at
 // sn_lse_off LSE words [2][W][max_tokens][H] u64.
@@ -57,27 +58,156 @@ __device__ __forceinline__ bool has_sentinel(const uint4& v) {
 // 0xFFFF -> 0x7FC0 in each half (0xFFFF ^ 0x803F); every other value unchanged.
 __device__ __forceinline__ uint32_t off_sentinel(uint32_t w) { return w ^ (__vcmpeq2(w, kSentinelPair) & 0x803f803fu); }
 
+// Split roles: the queues of one call (int32 words per slot of sn_ctr): the next publish block, the next
+// combine slab, and the CTAs done; the CTA that finishes last resets them for the slot's next use.
+constexpr int kSnPubQ = 0, kSnCombQ = 1, kSnDone = 2, kSnCtrWords = 4;
+
+// Work geometry of one call of the sentinel kernel, the same in every CTA.
+struct SnGeo {
+  int W, H, rank, T, VH, HV, N, nslab, nd, nb, slot;
+  int64_t WHV, my_row0;
+  uint32_t f;  // this call's LSE flag
+};
+
+// Publish blocks b0 + k*step (k < kPubUnroll): block b = (slab b / nd, destination index b % nd), slab s = vectors
+// [s*kBlock, (s+1)*kBlock) of the call's [T, H*D/8] slice; every load of the round before the first store.
+__device__ __forceinline__ void sn_publish(const OutputDirectParams& p, const SnGeo& g, int b0, int step) {
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  uint4 v[kPubUnroll];
+  int d[kPubUnroll], vec[kPubUnroll];
+#pragma unroll
+  for (int k = 0; k < kPubUnroll; ++k) {
+    const int b = b0 + k * step;
+    d[k] = -1;
+    if (b < g.nb) {
+      const int s = b / g.nd, dj = b - s * g.nd;
+      vec[k] = s * kBlock + threadIdx.x;
+      if (vec[k] < g.N) {
+        const int t = vec[k] / g.HV;
+        d[k] = dj + (dj >= g.rank);
+        v[k] = __ldg(src + t * g.WHV + int64_t(d[k]) * g.HV + (vec[k] - t * g.HV));
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPubUnroll; ++k) {
+    if (d[k] >= 0) {
+      const uint4 w = make_uint4(off_sentinel(v[k].x), off_sentinel(v[k].y), off_sentinel(v[k].z),
+                                 off_sentinel(v[k].w));
+      reinterpret_cast<uint4*>(p.peer_base[d[k]] + p.sn_off)[g.my_row0 * g.HV + vec[k]] = w;  // weak store
+    }
+  }
+}
+
+// Combine slabs b0 + k*step (k < kSnCombUnroll): every load of the round is issued before the first poll; each
+// source's vector is waited for (bounded), combined, and set back to the sentinel. `dead`: sources this thread
+// gave up on (one timeout per source, not one per vector).
+template <typename scalar_t, int WMAX>
+__device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const SnGeo& g, int b0, int step, int64_t e,
+                                           int& dead) {
+  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
+  uint4* in_pay = reinterpret_cast<uint4*>(p.peer_base[g.rank] + p.sn_off);
+  const uint64_t* in_lse = reinterpret_cast<const uint64_t*>(p.peer_base[g.rank] + p.sn_lse_off);
+  const int W = g.W, H = g.H, rank = g.rank, HV = g.HV, VH = g.VH;
+  int t[kSnCombUnroll], o[kSnCombUnroll], h[kSnCombUnroll];
+  bool valid[kSnCombUnroll];
+  float own_l[kSnCombUnroll];
+  uint4 own_v[kSnCombUnroll];
+  uint4 x[kSnCombUnroll][WMAX];
+  uint64_t c[kSnCombUnroll][WMAX];
+#pragma unroll
+  for (int k = 0; k < kSnCombUnroll; ++k) {
+    const int sl = b0 + k * step;
+    const int vec = sl * kBlock + threadIdx.x;
+    valid[k] = sl < g.nslab && vec < g.N;
+    t[k] = o[k] = h[k] = 0;
+    if (!valid[k]) continue;
+    t[k] = vec / HV;
+    o[k] = vec - t[k] * HV;
+    h[k] = o[k] / VH;
+    own_l[k] = __ldg(p.partial_lse + int64_t(t[k]) * W * H + rank * H + h[k]);
+    own_v[k] = __ldg(src + t[k] * g.WHV + int64_t(rank) * HV + o[k]);
+#pragma unroll
+    for (int s = 0; s < WMAX; ++s) {
+      if (s < W && s != rank) {
+        const int64_t row = int64_t(g.slot * W + s) * p.max_tokens + t[k];
+        x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
+        c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kSnCombUnroll; ++k) {
+    if (!valid[k]) continue;
+    float l[WMAX];
+#pragma unroll
+    for (int s = 0; s < WMAX; ++s) {
+      if (s < W && s != rank) {
+        const int64_t row = int64_t(g.slot * W + s) * p.max_tokens + t[k];
+        auto here = [&]() { return uint32_t(c[k][s] >> 32) == g.f && !has_sentinel(x[k][s]); };
+        if (!here() && !((dead >> s) & 1)) {
+          const uint64_t t0 = peerdcp::global_timer_ns();
+          int spins = 0;
+          while (!here()) {
+            if (uint32_t(c[k][s] >> 32) != g.f) c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
+            if (has_sentinel(x[k][s])) x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
+            if (!here() && ++spins == 64) {
+              spins = 0;
+              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+            }
+          }
+          if (!here()) {  // timed out: this source counts as empty; the host raises at the next call
+            dead |= 1 << s;
+            peerdcp::report_timeout(p.err, rank, s, p.mech, e * kTokenSpace + g.T);
+          }
+        }
+        const bool ok = here();
+        l[s] = ok ? __uint_as_float(uint32_t(c[k][s])) : -INFINITY;
+        if (ok) in_pay[row * HV + o[k]] = make_uint4(kSentinelPair, kSentinelPair, kSentinelPair, kSentinelPair);
+      }
+    }
+    combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l, x[k], t[k], h[k], o[k] - h[k] * VH);
+  }
+}
+
+// Split roles: pull work items from the queue at q (thread 0 grabs `n` at a time, one grab ahead of the
+// work so the atomic's latency overlaps it) until it runs dry; body(first item) does them.
+template <typename F>
+__device__ __forceinline__ void sn_drain(int* q, int n, int end, int* s_q, F&& body) {
+  if (threadIdx.x == 0) s_q[0] = atomicAdd(q, n);
+  __syncthreads();
+  for (int it = 0;; ++it) {
+    const int b0 = s_q[it & 1];
+    if (b0 >= end) break;  // CTA-uniform
+    if (threadIdx.x == 0) s_q[(it + 1) & 1] = atomicAdd(q, n);
+    body(b0);
+    __syncthreads();  // every thread read s_q[it & 1] before it is written again (iteration it + 1)
+  }
+}
+
 template <typename scalar_t, int WMAX, int kVar>
 __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputDirectParams p) {
   pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   __shared__ int64_t s_epoch;
+  __shared__ int s_pub, s_q[2];
   advance_epoch(p, prog, &s_epoch);
+  if (tid == 0) s_pub = 1;
   __syncthreads();
   const int64_t e = s_epoch;
-  const int slot = static_cast<int>(e & 1);
-  const uint32_t f = static_cast<uint32_t>(e * kTokenSpace + p.T);
-  const int W = p.W, H = p.H, rank = p.rank, T = p.T, VH = p.D >> 3;
-  const int HV = H * VH;           // vectors per (token, source) slice
-  const int64_t WHV = int64_t(W) * HV;
-  const int N = T * HV;            // vectors per source slice of the call (< 2^31: host check)
-  const int nslab = (N + kBlock - 1) / kBlock;
+  SnGeo g;
+  g.W = p.W, g.H = p.H, g.rank = p.rank, g.T = p.T, g.VH = p.D >> 3;
+  g.HV = g.H * g.VH;
+  g.WHV = int64_t(g.W) * g.HV;
+  g.N = g.T * g.HV;  // < 2^31: host check
+  g.nslab = (g.N + kBlock - 1) / kBlock;
+  g.nd = g.W - 1;
+  g.nb = g.nslab * g.nd;
+  g.slot = static_cast<int>(e & 1);
+  g.my_row0 = int64_t(g.slot * g.W + g.rank) * p.max_tokens;
+  g.f = static_cast<uint32_t>(e * kTokenSpace + p.T);
   const int G = p.G;
-  const bool unified = p.sn_pub >= G;
-  const int P = unified ? G : p.sn_pub, C = unified ? G : G - p.sn_pub;
-  const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
-  const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;
   // diagnosis (scripts/diag/sentinel_timeline.py): [start, publish done, combine done, SM] per CTA, in ns
   auto stamp = [&](int k) {
     if (p.dbg == nullptr) return;
@@ -86,122 +216,58 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       p.dbg[prog * 4 + k] = static_cast<int64_t>(peerdcp::global_timer_ns());
-      p.dbg[prog * 4 + 3] = sm;
+      p.dbg[prog * 4 + 3] = sm | (s_pub << 16);
     }
   };
   stamp(0);
 
-  if (unified || prog < P) {
-    // ---- LSE words first (few; they travel ahead of the vectors that need them)
-    const int n_lse = (W - 1) * T * H;
-    for (int i = prog * kBlock + tid; i < n_lse; i += P * kBlock) {
-      const int dj = i / (T * H);
-      const int r = i - dj * T * H;
-      const int t = r / H, h = r - (r / H) * H;
-      const int d = dj + (dj >= rank);
-      const float v = __ldg(p.partial_lse + int64_t(t) * W * H + d * H + h);
-      uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[d] + p.sn_lse_off) + (my_row0 + t) * H + h;
-      peerdcp::st_volatile_u64(dl, (uint64_t(f) << 32) | __float_as_uint(v));
-    }
-    // ---- payload: block b = (slab, destination) in slab order, kPubUnroll blocks' loads in flight; at round
-    // r all publishers work on the blocks [r*P*U, (r+1)*P*U), so the slabs leave roughly in order
-    const int nd = W - 1, nb = nslab * nd;
-    for (int b0 = prog; b0 < nb; b0 += P * kPubUnroll) {
-      uint4 v[kPubUnroll];
-      int d[kPubUnroll], vec[kPubUnroll];
-#pragma unroll
-      for (int k = 0; k < kPubUnroll; ++k) {
-        const int b = b0 + k * P;
-        d[k] = -1;
-        if (b < nb) {
-          const int s = b / nd, dj = b - s * nd;
-          vec[k] = s * kBlock + tid;
-          if (vec[k] < N) {
-            const int t = vec[k] / HV;
-            d[k] = dj + (dj >= rank);
-            v[k] = __ldg(src + t * WHV + int64_t(d[k]) * HV + (vec[k] - t * HV));
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kPubUnroll; ++k) {
-        if (d[k] >= 0) {
-          const uint4 w = make_uint4(off_sentinel(v[k].x), off_sentinel(v[k].y), off_sentinel(v[k].z),
-                                     off_sentinel(v[k].w));
-          reinterpret_cast<uint4*>(p.peer_base[d[k]] + p.sn_off)[my_row0 * HV + vec[k]] = w;  // weak store
-        }
-      }
-    }
+  // ---- LSE words first, every CTA its share (few; they travel ahead of the vectors that need them)
+  const int n_lse = g.nd * g.T * g.H;
+  for (int i = prog * kBlock + tid; i < n_lse; i += G * kBlock) {
+    const int dj = i / (g.T * g.H);
+    const int r = i - dj * g.T * g.H;
+    const int t = r / g.H, h = r - (r / g.H) * g.H;
+    const int d = dj + (dj >= g.rank);
+    const float v = __ldg(p.partial_lse + int64_t(t) * g.W * g.H + d * g.H + h);
+    uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[d] + p.sn_lse_off) + (g.my_row0 + t) * g.H + h;
+    peerdcp::st_volatile_u64(dl, (uint64_t(g.f) << 32) | __float_as_uint(v));
+  }
+  int dead = 0;
+  if (p.sn_pub == 0) {
+    // ---- every CTA: its blocks (round r of all CTAs = blocks [r*G*U, (r+1)*G*U): the slabs leave in order),
+    // then its slabs
+    for (int b0 = prog; b0 < g.nb; b0 += G * kPubUnroll) sn_publish(p, g, b0, G);
     stamp(1);
-    if (!unified) return;
+    for (int b0 = prog; b0 < g.nslab; b0 += G * kSnCombUnroll) sn_combine<scalar_t, WMAX>(p, g, b0, G, e, dead);
+    stamp(2);
+    return;
   }
-
-  // ---- combine: slab b = ci + C*(r*U + k); every load of a round is issued before the first poll
-  const int ci = unified ? prog : prog - P;
-  uint4* in_pay = reinterpret_cast<uint4*>(p.peer_base[rank] + p.sn_off);
-  const uint64_t* in_lse = reinterpret_cast<const uint64_t*>(p.peer_base[rank] + p.sn_lse_off);
-  int dead = 0;  // sources this thread gave up on: one timeout per source, not one per vector
-  for (int b0 = ci; b0 < nslab; b0 += C * kSnCombUnroll) {
-    int t[kSnCombUnroll], o[kSnCombUnroll], h[kSnCombUnroll];
-    bool valid[kSnCombUnroll];
-    float own_l[kSnCombUnroll];
-    uint4 own_v[kSnCombUnroll];
-    uint4 x[kSnCombUnroll][WMAX];
-    uint64_t c[kSnCombUnroll][WMAX];
-#pragma unroll
-    for (int k = 0; k < kSnCombUnroll; ++k) {
-      const int vec = (b0 + k * C) * kBlock + tid;  // (b0 + k*C < nslab checked through vec < N)
-      valid[k] = b0 + k * C < nslab && vec < N;
-      t[k] = o[k] = h[k] = 0;
-      if (!valid[k]) continue;
-      t[k] = vec / HV;
-      o[k] = vec - t[k] * HV;
-      h[k] = o[k] / VH;
-      own_l[k] = __ldg(p.partial_lse + int64_t(t[k]) * W * H + rank * H + h[k]);
-      own_v[k] = __ldg(src + t[k] * WHV + int64_t(rank) * HV + o[k]);
-#pragma unroll
-      for (int s = 0; s < WMAX; ++s) {
-        if (s < W && s != rank) {
-          const int64_t row = int64_t(slot * W + s) * p.max_tokens + t[k];
-          x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
-          c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kSnCombUnroll; ++k) {
-      if (!valid[k]) continue;
-      float l[WMAX];
-#pragma unroll
-      for (int s = 0; s < WMAX; ++s) {
-        if (s < W && s != rank) {
-          const int64_t row = int64_t(slot * W + s) * p.max_tokens + t[k];
-          auto here = [&]() { return uint32_t(c[k][s] >> 32) == f && !has_sentinel(x[k][s]); };
-          if (!here() && !((dead >> s) & 1)) {
-            const uint64_t t0 = peerdcp::global_timer_ns();
-            int spins = 0;
-            while (!here()) {
-              if (uint32_t(c[k][s] >> 32) != f) c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
-              if (has_sentinel(x[k][s])) x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
-              if (!here() && ++spins == 64) {
-                spins = 0;
-                if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
-              }
-            }
-            if (!here()) {  // timed out: this source counts as empty; the host raises at the next call
-              dead |= 1 << s;
-              peerdcp::report_timeout(p.err, rank, s, p.mech, e * kTokenSpace + T);
-            }
-          }
-          const bool ok = here();
-          l[s] = ok ? __uint_as_float(uint32_t(c[k][s])) : -INFINITY;
-          if (ok) in_pay[row * HV + o[k]] = make_uint4(kSentinelPair, kSentinelPair, kSentinelPair, kSentinelPair);
-        }
-      }
-      combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l, x[k], t[k], h[k], o[k] - h[k] * VH);
-    }
+  // ---- split roles. The CTAs on SMs with id % sn_pub == 0 (and CTA 0, so that someone always does) publish:
+  // a few SMs saturate the link, and no SM holds both a publisher, whose remote stores back up in the SM's
+  // memory pipeline while the link is busy, and a combiner, whose loads would queue behind them. Where the
+  // CTAs land is up to the hardware, so the work is pulled from queues: publishers take blocks in order, then
+  // join the combiners, which take slabs in order (the order the blocks leave in).
+  int* ctr = p.sn_ctr + g.slot * kSnCtrWords;
+  if (tid == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    s_pub = prog == 0 || sm % static_cast<uint32_t>(p.sn_pub) == 0;
   }
+  __syncthreads();
+  if (s_pub) sn_drain(ctr + kSnPubQ, kPubUnroll, g.nb, s_q, [&](int b0) { sn_publish(p, g, b0, 1); });
+  stamp(1);
+  sn_drain(ctr + kSnCombQ, kSnCombUnroll, g.nslab, s_q,
+           [&](int b0) { sn_combine<scalar_t, WMAX>(p, g, b0, 1, e, dead); });
   stamp(2);
+  // the last CTA out resets the queues for the slot's next use (a later call: stream order). The fence orders
+  // this CTA's queue atomics before its count, and the counts before the last CTA's reset.
+  if (tid == 0) {
+    __threadfence();
+    if (atomicAdd(ctr + kSnDone, 1) == G - 1) {
+      __threadfence();
+      ctr[kSnPubQ] = ctr[kSnCombQ] = ctr[kSnDone] = 0;
+    }
+  }
 }
 
 }  // namespace

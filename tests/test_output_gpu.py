@@ -28,8 +28,9 @@ def _pool(pools):
 # "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
 # "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
 # ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
-# "cuda_sentinel" (the default plus the sentinel kernel for T > 48), "cuda_sentinel_only" (the sentinel kernel at
-# every T), "cuda_sentinel_split" (the same with 32 publisher CTAs, the others combining), "triton" (the Triton twin)
+# "cuda_sentinel" (the default plus the sentinel kernel for T > 48, split roles above 64), "cuda_sentinel_only" (the
+# sentinel kernel at every T, every CTA publishing and combining), "cuda_sentinel_split" (at every T, publishers on
+# every 4th SM, the others combining), "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
     "cuda_ll": ("cuda", "max"),
@@ -54,11 +55,15 @@ OPTS = {
     "cuda_chunked_split": ("chunked", "split_roles"),
     "cuda_nopdl": (),
     "cuda_sentinel": ("pdl", "sentinel"),
-    "cuda_sentinel_only": {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0},
+    "cuda_sentinel_only": {
+        "cuda_opts": ("pdl", "sentinel"),
+        "cuda_sentinel_min_tokens": 0,
+        "cuda_sentinel_publisher_stride": 0,
+    },
     "cuda_sentinel_split": {
         "cuda_opts": ("pdl", "sentinel"),
         "cuda_sentinel_min_tokens": 0,
-        "cuda_sentinel_publishers": 32,
+        "cuda_sentinel_split_min_tokens": 0,
     },
 }  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",)), or TUNING entries (a dict)
 # ll128_max_tokens of a variant (absent: the default, 48)

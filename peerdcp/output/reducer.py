@@ -84,9 +84,11 @@ TUNING = {
     "cuda_opts": ("pdl",),
     # With "sentinel": calls with T > this use the sentinel kernel (LL and the LL128 band take precedence).
     "cuda_sentinel_min_tokens": 48,
-    # With "sentinel": CTAs that only publish (the others only combine); 0 (or >= the grid): every CTA publishes
-    # its share, then combines its share.
-    "cuda_sentinel_publishers": 0,
+    # With "sentinel": calls with T > cuda_sentinel_split_min_tokens split the CTAs - those on SMs whose id is a
+    # multiple of this stride publish, the others combine; smaller calls (or stride 0) let every CTA publish its
+    # share, then combine its share.
+    "cuda_sentinel_publisher_stride": 4,
+    "cuda_sentinel_split_min_tokens": 64,
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -242,7 +244,7 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
-        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers")
+        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publisher_stride", "cuda_sentinel_split_min_tokens")
         sn = tuple(TUNING[k] for k in sn_keys)
         for key, v in zip(sn_keys, sn):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -311,7 +313,7 @@ class OutputReducer:
         cuda_opts: tuple = (),
         ll128_max_tokens: int = 0,
         ll128_min_tokens: int = 0,
-        sentinel: tuple[int, int] | None = None,
+        sentinel: tuple[int, int, int] | None = None,
     ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
@@ -391,24 +393,25 @@ class OutputReducer:
         if self.ll128_max_tokens:
             lo = max(self.ll_max_tokens, self._ll128_min)
             self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
-        # sentinel kernel: calls with T > sn_min; sn_pub publisher CTAs (>= G: every CTA publishes and combines)
-        self._sn_min, self._sn_pub = 0, 0
-        if choice == "cuda" and sentinel is not None:
-            self._sn_min = sentinel[0]
-            self._sn_pub = G if sentinel[1] == 0 else min(G, sentinel[1])
+        # sentinel kernel: calls with T > sn_min; above sn_split_min publishers on the SMs with id % stride == 0
+        self._sn = choice == "cuda" and sentinel is not None
+        self._sn_min, self._sn_stride, self._sn_split_min = sentinel if self._sn else (0, 0, 0)
+        if self._sn:
             lo = max(self._sn_min, self.ll_max_tokens)
-            roles = "every CTA both" if self._sn_pub >= G else f"{self._sn_pub} publisher CTAs"
-            self.reason += f", sentinel kernel for T > {lo} ({roles})"
+            self.reason += f", sentinel kernel for T > {lo}"
+            if self._sn_stride:
+                self.reason += f" (T > {self._sn_split_min}: publishers on SMs {self._sn_stride}k)"
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
         elem = torch.empty((), dtype=self.dtype).element_size()
         self._layout = K.InboxLayout(
             W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens,
-            ll128_tokens=self.ll128_max_tokens, sn_tokens=self.max_tokens if self._sn_pub else 0,
+            ll128_tokens=self.ll128_max_tokens, sn_tokens=self.max_tokens if self._sn else 0,
         )  # fmt: skip
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
-        if self._sn_pub:
+        self._sn_ctr = torch.zeros(8, dtype=torch.int32, device=dev) if self._sn else None  # its queues, at rest
+        if self._sn:
             # the sentinel region's rest state (every byte 0xFF), in place on every rank before any peer can
             # publish into it: fill, wait for the fill, then a barrier
             L = self._layout
@@ -450,8 +453,10 @@ class OutputReducer:
                 ll128_min_tokens=self._ll128_min,
                 sn_off=self._layout.sn_off,
                 sn_lse_off=self._layout.sn_lse_off,
-                sn_pub=self._sn_pub,
                 sn_min_tokens=self._sn_min,
+                sn_ctr_addr=self._sn_ctr.data_ptr() if self._sn else 0,
+                sn_stride=self._sn_stride,
+                sn_split_min_tokens=self._sn_split_min,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -554,7 +559,8 @@ class OutputReducer:
                     self._buf.peer_addrs, self._err.kernel_arg(), self.rank, self.programs, self._hpu,
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
-                    self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_pub, self._sn_min,
+                    self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_min,
+                    self._sn_ctr.data_ptr() if self._sn else 0, self._sn_stride, self._sn_split_min,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

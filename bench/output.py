@@ -64,36 +64,28 @@ N_SETS = 4
 # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
 #        ll128_max_tokens (None: default)[, other TUNING overrides])
 KERNEL_VARIANTS = {
-    "cuda": ("cuda", None, None, None),  # the library default: LL <= 8, LL128 (20, 48], else plain; PDL
-    "cuda_nopdl": ("cuda", None, (), None),
-    "cuda_noll128": ("cuda", None, None, 0),  # LL <= 8, then plain; PDL (the default before the LL128 band)
+    # the library default: LL <= 8, then the sentinel kernel (every CTA both to 64, 32 publisher CTAs above); PDL
+    "cuda": ("cuda", None, None, None),
+    "cuda_nopdl": ("cuda", None, (), None),  # LL, then the plain kernel; no PDL
+    "cuda_s8": ("cuda", None, ("pdl",), 48),  # the default of sessions 5-8: LL <= 8, LL128 (20, 48], plain; PDL
     "cuda_ll128": ("cuda", None, ("ll128",), None),
     "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl"), None),
     "cuda_chunked": ("cuda", None, ("chunked",), None),
     "cuda_chunked_pdl": ("cuda", None, ("chunked", "pdl"), None),
     "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles"), None),
-    # the sentinel kernel: for T > 48 (split roles above 64), for T > 8 (the same), for T > 8 with every CTA
-    # publishing and combining, and for T > 8 with split roles at every T, publishers on every n-th SM
-    "cuda_sentinel": ("cuda", None, ("pdl", "sentinel"), None),
-    "cuda_sentinel_all": ("cuda", None, ("pdl", "sentinel"), 0, {"cuda_sentinel_min_tokens": 0}),
-    "cuda_sentinel_all_u": (
-        "cuda",
-        None,
-        ("pdl", "sentinel"),
-        0,
-        {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publisher_stride": 0},
-    ),
+    # the sentinel kernel above LL with every CTA both at every T, and with n publisher CTAs at every T
+    "cuda_sentinel_u": ("cuda", None, None, None, {"cuda_sentinel_publishers": 0}),
     **{
-        f"cuda_sentinel_s{n}": (
+        f"cuda_sentinel_p{n}": (
             "cuda",
             None,
-            ("pdl", "sentinel"),
-            0,
-            {"cuda_sentinel_min_tokens": 0, "cuda_sentinel_publisher_stride": n, "cuda_sentinel_split_min_tokens": 0},
+            None,
+            None,
+            {"cuda_sentinel_publishers": n, "cuda_sentinel_split_min_tokens": 0},
         )
-        for n in (2, 3, 4, 5, 6, 8)
+        for n in (16, 24, 32, 40, 48, 64, 132)
     },
-    "cuda_plain": ("cuda", 0, None, 0),
+    "cuda_plain": ("cuda", 0, ("pdl",), 0),
     "cuda_ll": ("cuda", "max", None, None),
     "triton": ("triton", None, None, None),
 }

@@ -60,11 +60,10 @@ struct OutputDirectParams {
   int32_t opts;             // opt-in variants (kOpt*; 0 = default)
   int32_t ll128_max_tokens; // with kOptLL128: calls with ll_max_tokens < T <= this use the LL128 kernel, larger
                             // T the plain one; also the LL128 region's rows per (slot, source)
-  int32_t sn_pub;           // with kOptSentinel: 0 = every CTA publishes and combines, > 0 = the CTAs on SMs
-                            // whose id is a multiple of it publish, the others combine (chosen per call)
+  int32_t sn_pub;           // with kOptSentinel: publisher CTAs [0, sn_pub), the others combine; 0 (or >= G):
+                            // every CTA publishes, then combines (chosen per call from T by the host)
   int64_t sn_off;           // sentinel region: payload (see output_direct_sentinel_kernel)
   int64_t sn_lse_off;       // ... and its LSE words
-  int32_t* sn_ctr;          // sentinel kernel, split roles: this rank's queue words [2 slots][4], zero at rest
   int64_t* dbg;             // diagnosis only (nullptr in every public path): sentinel kernel timeline, [G][4] int64
 };
 

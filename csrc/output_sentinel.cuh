@@ -33,9 +33,8 @@ namespace {
 // this kernel, so LL, LL128 and plain calls interleave freely with it.
 //
 // Roles. Combiners take vectors in the order publishers store them (token-major slabs of kBlock vectors), so
-// the combine follows the transfer. sn_pub == 0: every CTA publishes its blocks, then combines its slabs (a
-// static partition). sn_pub > 0: the CTAs on SMs whose id is a multiple of sn_pub publish, the others combine,
-// all pulling work from per-call queues (see the kernel). All CTAs are co-resident (G <= occupancy, host side),
+// the combine follows the transfer. sn_pub == 0 (or >= G): every CTA publishes its blocks, then combines its
+// slabs. 0 < sn_pub < G: CTAs [0, sn_pub) publish, the others combine (see the kernel). All CTAs are co-resident (G <= occupancy, host side),
 // so a combiner's wait always ends once its peer's publishers ran; the wait is bounded regardless. Every CTA
 // runs in every call (no tight grid): an LSE word's reader is another CTA than its writer, so all epochs must
 // agree.
@@ -57,10 +56,6 @@ __device__ __forceinline__ bool has_sentinel(const uint4& v) {
 
 // 0xFFFF -> 0x7FC0 in each half (0xFFFF ^ 0x803F); every other value unchanged.
 __device__ __forceinline__ uint32_t off_sentinel(uint32_t w) { return w ^ (__vcmpeq2(w, kSentinelPair) & 0x803f803fu); }
-
-// Split roles: the queues of one call (int32 words per slot of sn_ctr): the next publish block, the next
-// combine slab, and the CTAs done; the CTA that finishes last resets them for the slot's next use.
-constexpr int kSnPubQ = 0, kSnCombQ = 1, kSnDone = 2, kSnCtrWords = 4;
 
 // Work geometry of one call of the sentinel kernel, the same in every CTA.
 struct SnGeo {
@@ -170,28 +165,13 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
   }
 }
 
-// Split roles: pull work items from the queue at q (thread 0 grabs `n` at a time, one grab ahead of the
-// work so the atomic's latency overlaps it) until it runs dry; body(first item) does them.
-template <typename F>
-__device__ __forceinline__ void sn_drain(int* q, int n, int end, int* s_q, F&& body) {
-  if (threadIdx.x == 0) s_q[0] = atomicAdd(q, n);
-  __syncthreads();
-  for (int it = 0;; ++it) {
-    const int b0 = s_q[it & 1];
-    if (b0 >= end) break;  // CTA-uniform
-    if (threadIdx.x == 0) s_q[(it + 1) & 1] = atomicAdd(q, n);
-    body(b0);
-    __syncthreads();  // every thread read s_q[it & 1] before it is written again (iteration it + 1)
-  }
-}
-
 template <typename scalar_t, int WMAX, int kVar>
 __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputDirectParams p) {
   pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   __shared__ int64_t s_epoch;
-  __shared__ int s_pub, s_q[2];
+  __shared__ int s_pub;
   advance_epoch(p, prog, &s_epoch);
   if (tid == 0) s_pub = 1;
   __syncthreads();
@@ -233,7 +213,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
     peerdcp::st_volatile_u64(dl, (uint64_t(g.f) << 32) | __float_as_uint(v));
   }
   int dead = 0;
-  if (p.sn_pub == 0) {
+  if (p.sn_pub == 0 || p.sn_pub >= G) {
     // ---- every CTA: its blocks (round r of all CTAs = blocks [r*G*U, (r+1)*G*U): the slabs leave in order),
     // then its slabs
     for (int b0 = prog; b0 < g.nb; b0 += G * kPubUnroll) sn_publish(p, g, b0, G);
@@ -242,32 +222,21 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
     stamp(2);
     return;
   }
-  // ---- split roles. The CTAs on SMs with id % sn_pub == 0 (and CTA 0, so that someone always does) publish:
-  // a few SMs saturate the link, and no SM holds both a publisher, whose remote stores back up in the SM's
-  // memory pipeline while the link is busy, and a combiner, whose loads would queue behind them. Where the
-  // CTAs land is up to the hardware, so the work is pulled from queues: publishers take blocks in order, then
-  // join the combiners, which take slabs in order (the order the blocks leave in).
-  int* ctr = p.sn_ctr + g.slot * kSnCtrWords;
-  if (tid == 0) {
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    s_pub = prog == 0 || sm % static_cast<uint32_t>(p.sn_pub) == 0;
+  // ---- split roles: CTAs [0, P) publish, CTAs [P, G) combine, each group in the order the blocks leave. A few
+  // CTAs saturate the link, and the combiners' loads do not queue behind their own CTA's remote stores (which
+  // back up while the link is busy), so the combine runs under the transfer. Measured (H200 x 2, Kimi, T = 256):
+  // P = 32 of 264 CTAs 18.1 us; P = 24 / 40 / 48 / 64 / 132: 22.7 / 20.2 / 21.6 / 22.9 / 29.2 us; every CTA both:
+  // 22.7 us (bench/RESULTS.md, session 9). Where the hardware places the CTAs is not controlled.
+  const int P = p.sn_pub, C = G - P;
+  if (prog < P) {
+    if (tid == 0) s_pub = 1;
+    for (int b0 = prog; b0 < g.nb; b0 += P * kPubUnroll) sn_publish(p, g, b0, P);
+    stamp(1);
+    return;
   }
-  __syncthreads();
-  if (s_pub) sn_drain(ctr + kSnPubQ, kPubUnroll, g.nb, s_q, [&](int b0) { sn_publish(p, g, b0, 1); });
-  stamp(1);
-  sn_drain(ctr + kSnCombQ, kSnCombUnroll, g.nslab, s_q,
-           [&](int b0) { sn_combine<scalar_t, WMAX>(p, g, b0, 1, e, dead); });
+  if (tid == 0) s_pub = 0;
+  for (int b0 = prog - P; b0 < g.nslab; b0 += C * kSnCombUnroll) sn_combine<scalar_t, WMAX>(p, g, b0, C, e, dead);
   stamp(2);
-  // the last CTA out resets the queues for the slot's next use (a later call: stream order). The fence orders
-  // this CTA's queue atomics before its count, and the counts before the last CTA's reset.
-  if (tid == 0) {
-    __threadfence();
-    if (atomicAdd(ctr + kSnDone, 1) == G - 1) {
-      __threadfence();
-      ctr[kSnPubQ] = ctr[kSnCombQ] = ctr[kSnDone] = 0;
-    }
-  }
 }
 
 }  // namespace

@@ -15,22 +15,21 @@ pytestmark = pytest.mark.multigpu
 
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512)
-TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), LL128 (24, 32: the default band), plain
+TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), sentinel (every CTA both to 64, split roles above)
 
 
 def _pool(pools):
     return pools(GPU_WORLD, NCCL)
 
 
-# kernel variants: "cuda" (the default: LL protocol up to T = 8, LL128 for 20 < T <= 48, else plain; PDL),
-# "cuda_ll" (always LL), "cuda_plain" (never LL or LL128), "cuda_nopdl" (the default without PDL),
-# "cuda_ll128_32" (LL128 for 20 < T <= 32),
-# "cuda_ll128" (LL up to the threshold, then LL128: TUNING cuda_opts ("ll128",)),
-# "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same with cuda_opts
-# ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")),
-# "cuda_sentinel" (the default plus the sentinel kernel for T > 48, split roles above 64), "cuda_sentinel_only" (the
-# sentinel kernel at every T, every CTA publishing and combining), "cuda_sentinel_split" (at every T, publishers on
-# every 4th SM, the others combining), "triton" (the Triton twin)
+# kernel variants: "cuda" (the default: LL protocol up to T = 8, then the sentinel kernel - every CTA publishing and
+# combining to T = 64, 32 publisher CTAs and the others combining above; PDL), "cuda_ll" (always LL), "cuda_plain"
+# (the plain kernel at every T: no LL, no sentinel), "cuda_nopdl" (LL and the plain kernel, no PDL),
+# "cuda_ll128_32" (the default with an LL128 band (20, 32]), "cuda_ll128" (LL up to the threshold, then LL128:
+# TUNING cuda_opts ("ll128",)), "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same
+# with cuda_opts ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")), "cuda_sentinel" (the sentinel
+# kernel above LL with every CTA both at every T), "cuda_sentinel_only" (the same at every T, no LL),
+# "cuda_sentinel_split" (split roles at every T, no LL), "triton" (the Triton twin)
 VARIANTS = {
     "cuda": ("cuda", None),
     "cuda_ll": ("cuda", "max"),
@@ -54,19 +53,20 @@ OPTS = {
     "cuda_chunked_only": ("chunked",),
     "cuda_chunked_split": ("chunked", "split_roles"),
     "cuda_nopdl": (),
-    "cuda_sentinel": ("pdl", "sentinel"),
+    "cuda_plain": ("pdl",),
+    "cuda_sentinel": {"cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_publishers": 0},
     "cuda_sentinel_only": {
         "cuda_opts": ("pdl", "sentinel"),
         "cuda_sentinel_min_tokens": 0,
-        "cuda_sentinel_publisher_stride": 0,
+        "cuda_sentinel_publishers": 0,
     },
     "cuda_sentinel_split": {
         "cuda_opts": ("pdl", "sentinel"),
         "cuda_sentinel_min_tokens": 0,
         "cuda_sentinel_split_min_tokens": 0,
     },
-}  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl",)), or TUNING entries (a dict)
-# ll128_max_tokens of a variant (absent: the default, 48)
+}  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl", "sentinel")), or TUNING entries (a dict)
+# ll128_max_tokens of a variant (absent: the default, 0 = off)
 LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32, "cuda_sentinel_only": 0, "cuda_sentinel_split": 0}
 
 

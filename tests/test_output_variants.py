@@ -25,7 +25,7 @@ HOST = dict(max_tokens=4, heads_per_rank=3, head_dim=16, backend="direct", memor
 
 
 def test_opts_names_and_masks():
-    assert R.TUNING["cuda_opts"] == ("pdl",)  # the default (session 5: faster at every T)
+    assert R.TUNING["cuda_opts"] == ("pdl", "sentinel")  # the default (session 9)
     assert set(R._CUDA_OPTS) == set(ops.OPTS)
     assert ops.opts_mask(()) == 0
     assert ops.opts_mask(("tight_grid", "pdl")) == 5
@@ -55,9 +55,11 @@ def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
     assert all(r.get("error", "").startswith("ValueError") and "'chunked' only" in r["error"] for r in res), res
 
 
-def test_ll128_band():
+def test_ll128_band(monkeypatch):
     band = R.ll128_band
-    assert (R.TUNING["cuda_ll128_min_tokens"], R.TUNING["cuda_ll128_max_tokens"]) == (20, 48)  # the default
+    assert (R.TUNING["cuda_ll128_min_tokens"], R.TUNING["cuda_ll128_max_tokens"]) == (20, 0)  # the default: off
+    assert band(None, ("pdl",), 256, 8, 16, 512) == (0, 0)
+    monkeypatch.setitem(R.TUNING, "cuda_ll128_max_tokens", 48)  # the band logic, with session 5's default band
     assert band(None, ("pdl",), 256, 8, 16, 512) == (48, 20)
     assert band(None, ("pdl",), 32, 8, 16, 512) == (32, 20)  # capped at max_tokens
     assert band(None, ("pdl",), 16, 8, 16, 512) == (0, 0)  # max_tokens inside the LL128 floor: never used
@@ -115,8 +117,6 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     assert rc(0, 128) == invalid  # an unknown bit
     p.sn_pub = -1
     assert rc(0, ops.OPTS["sentinel"]) == invalid
-    p.sn_pub = 2
-    assert rc(0, ops.OPTS["sentinel"]) == invalid  # split roles without the queue words
     p.sn_pub = 0
     assert rc(0, ops.OPTS["sentinel"] | ops.OPTS["tight_grid"]) == invalid
     assert rc(0, ops.OPTS["sentinel"] | ops.OPTS["chunked"]) == invalid
@@ -161,26 +161,26 @@ def test_sentinel_bit_chosen_per_call_from_T():
         peer_addrs=[0x1000, 0x2000], epochs=torch.zeros(4, dtype=torch.int64), err_addr=0, rank=0, heads=16,
         head_dim=512, max_tokens=64, programs=4, heads_per_unit=4, lse_off=256, payload_off=512, timeout_ns=10**9,
         base2=False, dtype=torch.bfloat16, mech=1, device=0, ll_max_tokens=8, opts=pdl | ll128 | sn, ll128_off=1024,
-        ll128_max_tokens=48, ll128_min_tokens=20, sn_off=4096, sn_lse_off=8192, sn_min_tokens=48, sn_ctr_addr=0x3000,
-        sn_stride=4, sn_split_min_tokens=56,
+        ll128_max_tokens=48, ll128_min_tokens=20, sn_off=4096, sn_lse_off=8192, sn_min_tokens=48, sn_publishers=32,
+        sn_split_min_tokens=56,
     )  # fmt: skip
-    assert (launcher._p.sn_off, launcher._p.sn_lse_off, launcher._p.sn_ctr) == (4096, 8192, 0x3000)
+    assert (launcher._p.sn_off, launcher._p.sn_lse_off) == (4096, 8192)
     cases = (
         (1, pdl, 0),
         (21, pdl | ll128, 0),
         (48, pdl | ll128, 0),
         (49, pdl | ll128 | sn, 0),
-        (57, pdl | ll128 | sn, 4),
+        (57, pdl | ll128 | sn, 32),
     )
-    for T, want, stride in cases:
+    for T, want, pub in cases:
         x = torch.zeros(T, 32, 512, dtype=torch.bfloat16)
         with pytest.raises((AssertionError, ValueError, RuntimeError)):  # CPU tensors: no CUDA stream
             launcher(x, torch.zeros(T, 32), torch.zeros(T, 16, 512, dtype=torch.bfloat16), None)
-        assert (launcher._p.T, launcher._p.opts, launcher._p.sn_pub) == (T, want, stride)
+        assert (launcher._p.T, launcher._p.opts, launcher._p.sn_pub) == (T, want, pub)
 
 
 def test_sentinel_tuning_validated_on_every_rank(pools):
-    for key in ("cuda_sentinel_min_tokens", "cuda_sentinel_publisher_stride", "cuda_sentinel_split_min_tokens"):
+    for key in ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers", "cuda_sentinel_split_min_tokens"):
         for bad in (-1, "4", True):
             res = pools(2).run(fns.construct_with_opts, HOST, {"cuda_opts": ("sentinel",), key: bad})
             assert all(r.get("error", "").startswith("ValueError") and key in r["error"] for r in res), res
@@ -207,7 +207,7 @@ OPT_SETS = [
     ("sentinel", "pdl"),  # T > 48 (split roles above T = 64)
     {"cuda_opts": ("sentinel",), "cuda_sentinel_min_tokens": 0},  # every T above the LL range
     {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split_min_tokens": 0},
-    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publisher_stride": 0},
+    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": 0},
 ]
 OPT_IDS = ["+".join(o) if isinstance(o, tuple) else "+".join(o["cuda_opts"]) + f"-{i}" for i, o in enumerate(OPT_SETS)]
 

@@ -87,7 +87,6 @@ class OutputDirectParams(ctypes.Structure):
         ("sn_pub", ctypes.c_int32),
         ("sn_off", ctypes.c_int64),
         ("sn_lse_off", ctypes.c_int64),
-        ("sn_ctr", ctypes.c_void_p),
         ("dbg", ctypes.c_void_p),  # diagnosis only (scripts/diag/sentinel_timeline.py); None everywhere else
     ]
 
@@ -161,19 +160,17 @@ class DirectLauncher:
         sn_off: int = 0,
         sn_lse_off: int = 0,
         sn_min_tokens: int = 0,
-        sn_ctr_addr: int = 0,
-        sn_stride: int = 0,
+        sn_publishers: int = 0,
         sn_split_min_tokens: int = 0,
     ) -> None:
         self._lib = library()
         # Per-call bits, decided from T alone (the same on every rank): calls with T <= ll128_min_tokens run
         # without the LL128 bit (the LL128 band is (max(ll_max_tokens, ll128_min_tokens), ll128_max_tokens]),
         # calls with T <= sn_min_tokens without the sentinel bit; sentinel calls with T > sn_split_min_tokens split
-        # the CTAs into publishers (on SMs whose id is a multiple of sn_stride) and combiners (sn_pub), the others
-        # let every CTA do both (sn_pub 0).
+        # the CTAs into sn_publishers publishers and combiners (sn_pub), the others let every CTA do both (0).
         self._opts = opts
         self._ll128_min, self._sn_min = ll128_min_tokens, sn_min_tokens
-        self._sn_stride, self._sn_split_min = sn_stride, sn_split_min_tokens
+        self._sn_pub, self._sn_split_min = sn_publishers, sn_split_min_tokens
         self._device = ctypes.c_int(device)
         p = OutputDirectParams()
         for i, a in enumerate(peer_addrs):
@@ -184,7 +181,7 @@ class DirectLauncher:
         p.ll128_off = ll128_off
         p.ll_max_tokens = ll_max_tokens
         p.ll128_max_tokens = ll128_max_tokens
-        p.sn_off, p.sn_lse_off, p.sn_ctr = sn_off, sn_lse_off, sn_ctr_addr or None
+        p.sn_off, p.sn_lse_off = sn_off, sn_lse_off
         p.rank, p.W, p.H, p.D = rank, len(peer_addrs), heads, head_dim
         p.max_tokens, p.G, p.heads_per_unit = max_tokens, programs, heads_per_unit
         p.base2, p.mech, p.dtype = int(base2), mech, _DTYPE_CODE[dtype]
@@ -209,7 +206,7 @@ class DirectLauncher:
         if tokens <= self._sn_min:
             opts &= ~OPTS["sentinel"]
         p.opts = opts
-        p.sn_pub = self._sn_stride if tokens > self._sn_split_min else 0
+        p.sn_pub = self._sn_pub if tokens > self._sn_split_min else 0
         stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
@@ -277,8 +274,7 @@ def output_direct(
     sn_off: int = 0,
     sn_lse_off: int = 0,
     sn_min_tokens: int = 0,
-    sn_ctr_addr: int = 0,
-    sn_stride: int = 0,
+    sn_publishers: int = 0,
     sn_split_min_tokens: int = 0,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
@@ -310,8 +306,7 @@ def output_direct(
         sn_off=sn_off,
         sn_lse_off=sn_lse_off,
         sn_min_tokens=sn_min_tokens,
-        sn_ctr_addr=sn_ctr_addr,
-        sn_stride=sn_stride,
+        sn_publishers=sn_publishers,
         sn_split_min_tokens=sn_split_min_tokens,
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
@@ -321,7 +316,7 @@ def output_direct(
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
-    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0, sn_off=0, sn_lse_off=0, sn_min_tokens=0, sn_ctr_addr=0,
-    sn_stride=0, sn_split_min_tokens=0,
+    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0, sn_off=0, sn_lse_off=0, sn_min_tokens=0, sn_publishers=0,
+    sn_split_min_tokens=0,
 ) -> None:  # fmt: skip
     return None

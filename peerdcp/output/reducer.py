@@ -65,11 +65,10 @@ TUNING = {
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
     # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
-    # see csrc/output_direct.cu for the assumption it makes), larger T the plain kernel; 0: off (the default).
-    # Session 5, T scan in one run (Kimi, PDL, graph, bench/RESULTS.md): LL128 is faster for 24 <= T <= 48
-    # (6.47 vs 6.72 us at 24, 6.56 vs 7.15 at 32, 7.56 vs 8.22 at 48), slower at T <= 20 (6.39 vs 5.39 at 16)
-    # and even at 64; hence the band (cuda_ll128_min_tokens, cuda_ll128_max_tokens].
-    "cuda_ll128_max_tokens": 48,
+    # see csrc/output_direct.cu for the assumption it makes), larger T the next kernel; 0: off (the default).
+    # Session 5 (Kimi, PDL, graph, bench/RESULTS.md): LL128 beat the plain kernel for 24 <= T <= 48 and was the
+    # default band (20, 48] until session 9, when the sentinel kernel beat both there (5.5 vs 6.5 us at T = 24).
+    "cuda_ll128_max_tokens": 0,
     "cuda_ll128_min_tokens": 20,  # LL128 band only: calls with T <= this use LL / the plain kernel
     # CUDA kernel variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
@@ -80,14 +79,17 @@ TUNING = {
     # combine overlaps the transfer), "split_roles" (with "chunked": separate publishing and combining
     # warps), "sentinel" (T > cuda_sentinel_min_tokens: the payload region holds a reserved 16-bit pattern at
     # rest, so every vector signals its own arrival - no fence, no flag bytes - and the combine runs under
-    # the transfer). () is the kernel without any; bench/output.py measures the variants against the default.
-    "cuda_opts": ("pdl",),
-    # With "sentinel": calls with T > this use the sentinel kernel (LL and the LL128 band take precedence).
-    "cuda_sentinel_min_tokens": 48,
-    # With "sentinel": calls with T > cuda_sentinel_split_min_tokens split the CTAs - those on SMs whose id is a
-    # multiple of this stride publish, the others combine; smaller calls (or stride 0) let every CTA publish its
-    # share, then combine its share.
-    "cuda_sentinel_publisher_stride": 4,
+    # the transfer; the default since session 9: 1.0-1.6 us faster than the plain kernel for 12 <= T <= 64 and,
+    # with split roles, 1.8-3.5 us for T >= 96, bench/RESULTS.md). () is the kernel without any (the plain
+    # kernel above the LL range); bench/output.py measures the variants against the default.
+    "cuda_opts": ("pdl", "sentinel"),
+    # With "sentinel": calls with T > this use the sentinel kernel (LL and an LL128 band take precedence).
+    "cuda_sentinel_min_tokens": 0,
+    # With "sentinel": calls with T > cuda_sentinel_split_min_tokens split the CTAs - the first this many publish,
+    # the others combine, so the combine runs under the transfer; smaller calls (or 0 publishers) let every CTA
+    # publish its share, then combine its share. Session 9 (bench/RESULTS.md): 32 of 264 CTAs was the fastest
+    # split (T = 128 / 256: 11.0 / 18.1 us; 24 or 40 CTAs 12.4-12.7 / 20.2-22.7), every CTA both is fastest to T = 64.
+    "cuda_sentinel_publishers": 32,
     "cuda_sentinel_split_min_tokens": 64,
 }
 
@@ -244,7 +246,7 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
-        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publisher_stride", "cuda_sentinel_split_min_tokens")
+        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers", "cuda_sentinel_split_min_tokens")
         sn = tuple(TUNING[k] for k in sn_keys)
         for key, v in zip(sn_keys, sn):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -393,14 +395,14 @@ class OutputReducer:
         if self.ll128_max_tokens:
             lo = max(self.ll_max_tokens, self._ll128_min)
             self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
-        # sentinel kernel: calls with T > sn_min; above sn_split_min publishers on the SMs with id % stride == 0
+        # sentinel kernel: calls with T > sn_min; above sn_split_min, sn_pub publisher CTAs and G - sn_pub combiners
         self._sn = choice == "cuda" and sentinel is not None
-        self._sn_min, self._sn_stride, self._sn_split_min = sentinel if self._sn else (0, 0, 0)
+        self._sn_min, self._sn_pub, self._sn_split_min = sentinel if self._sn else (0, 0, 0)
         if self._sn:
             lo = max(self._sn_min, self.ll_max_tokens)
             self.reason += f", sentinel kernel for T > {lo}"
-            if self._sn_stride:
-                self.reason += f" (T > {self._sn_split_min}: publishers on SMs {self._sn_stride}k)"
+            if 0 < self._sn_pub < G:
+                self.reason += f" ({self._sn_pub} publisher CTAs for T > {self._sn_split_min})"
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
@@ -410,7 +412,6 @@ class OutputReducer:
             ll128_tokens=self.ll128_max_tokens, sn_tokens=self.max_tokens if self._sn else 0,
         )  # fmt: skip
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
-        self._sn_ctr = torch.zeros(8, dtype=torch.int32, device=dev) if self._sn else None  # its queues, at rest
         if self._sn:
             # the sentinel region's rest state (every byte 0xFF), in place on every rank before any peer can
             # publish into it: fill, wait for the fill, then a barrier
@@ -454,8 +455,7 @@ class OutputReducer:
                 sn_off=self._layout.sn_off,
                 sn_lse_off=self._layout.sn_lse_off,
                 sn_min_tokens=self._sn_min,
-                sn_ctr_addr=self._sn_ctr.data_ptr() if self._sn else 0,
-                sn_stride=self._sn_stride,
+                sn_publishers=self._sn_pub,
                 sn_split_min_tokens=self._sn_split_min,
             )
 
@@ -560,7 +560,7 @@ class OutputReducer:
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
                     self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_min,
-                    self._sn_ctr.data_ptr() if self._sn else 0, self._sn_stride, self._sn_split_min,
+                    self._sn_pub, self._sn_split_min,
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

@@ -2,8 +2,8 @@
 
     python3 scripts/diag/sentinel_timeline.py [--tokens 64 128 256] [--reps 5]
 
-For each role layout of the sentinel kernel (every CTA publishes then combines; the CTAs on every n-th SM publish,
-then combine, the others combine) and each T, runs eager calls with the kernel's diagnosis timeline on (per CTA: start,
+For each role layout of the sentinel kernel (every CTA publishes then combines; the first n CTAs publish, the
+others combine) and each T, runs eager calls with the kernel's diagnosis timeline on (per CTA: start,
 publish done, combine done, SM id; ns of the GPU's globaltimer; ``OutputDirectParams.dbg``), each right after
 an unrecorded call (which roughly aligns the ranks: it ends on both once both published). Prints per rank,
 relative to the call's earliest CTA start: the spread of the starts, when the publishers finished (min /
@@ -19,13 +19,13 @@ from unittest import mock
 import torch
 
 
-def _variants(strides: list[int]) -> dict:
+def _variants(publishers: list[int]) -> dict:
     return {
-        ("unified" if n == 0 else f"split-sm{n}"): {
-            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publisher_stride": n,
+        ("unified" if n == 0 else f"split-{n}"): {
+            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n,
             "cuda_sentinel_split_min_tokens": 0,
         }
-        for n in strides
+        for n in publishers
     }  # fmt: skip
 
 
@@ -47,7 +47,7 @@ def rank_main(cfg: dict) -> list[str]:
     dev = torch.device("cuda", torch.cuda.current_device())
     H, D = 16, 512
     lines = []
-    for name, tuning in _variants(cfg["strides"]).items():
+    for name, tuning in _variants(cfg["publishers"]).items():
         with mock.patch.dict(R.TUNING, tuning):
             red = peerdcp.OutputReducer(
                 None, max_tokens=max(cfg["tokens"]), heads_per_rank=H, head_dim=D, backend="direct", memory="vmm",
@@ -75,7 +75,7 @@ def rank_main(cfg: dict) -> list[str]:
             start = t[:, 0]
             base = int(start.min())
             is_pub = ((t[:, 3] >> 16) & 1).bool()  # the kernel's role bit
-            is_cons = ~is_pub if not bool(is_pub.all()) else is_pub  # split: the combine-only CTAs
+            is_cons = ~is_pub if not bool(is_pub.all()) else is_pub  # split: the combiners
             sms_pub = len(set((t[is_pub, 3] & 0xFFFF).tolist()))
             bases = [None] * W
             dist.all_gather_object(bases, base)  # globaltimer skew between the ranks' first CTAs (same clock?)
@@ -94,7 +94,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--strides", nargs="+", type=int, default=[0, 4], help="publisher SM stride; 0: every CTA both")
+    ap.add_argument("--publishers", nargs="+", type=int, default=[0, 32], help="publisher CTAs; 0: every CTA both")
     ap.add_argument("--lead-cycles", type=int, default=200_000, help="GPU sleep between the barrier and the call")
     a = ap.parse_args()
     from bench.common import run_ranks
@@ -102,7 +102,7 @@ def main() -> int:
     res = run_ranks(
         "scripts.diag.sentinel_timeline:rank_main",
         2,
-        dict(tokens=a.tokens, reps=a.reps, lead_cycles=a.lead_cycles, strides=a.strides),
+        dict(tokens=a.tokens, reps=a.reps, lead_cycles=a.lead_cycles, publishers=a.publishers),
     )
     print("µs after the call's first CTA start: min median max over CTAs")
     for lines in res:

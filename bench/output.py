@@ -83,7 +83,7 @@ KERNEL_VARIANTS = {
             None,
             {"cuda_sentinel_publishers": n, "cuda_sentinel_split_min_tokens": 0},
         )
-        for n in (16, 24, 28, 30, 32, 34, 36, 40, 48, 64, 132)
+        for n in (16, 24, 28, 30, 32, 34, 36, 40, 44, 48, 56, 64, 132)
     },
     "cuda_plain": ("cuda", 0, ("pdl",), 0),
     "cuda_ll": ("cuda", "max", None, None),

@@ -48,6 +48,13 @@ constexpr uint32_t kSentinelPair = 0xffffffffu;  // two 16-bit sentinels
 #define PEERDCP_OUTPUT_SN_COMB_UNROLL 2
 #endif
 constexpr int kSnCombUnroll = PEERDCP_OUTPUT_SN_COMB_UNROLL;
+// 16-byte loads in flight per publishing thread (kPubUnroll, 4, is the plain kernel's). Session 9 (H200 x 2, Kimi):
+// 2 with 36-40 publisher CTAs beat 4 with 32 (T = 128: 9.99 vs 10.74 us, T = 256: 16.97 vs 17.60); 1 and 3 lost at
+// T = 256. Build-time override for tuning sweeps only: PEERDCP_NVCC_EXTRA="-DPEERDCP_OUTPUT_SN_PUB_UNROLL=4"
+#ifndef PEERDCP_OUTPUT_SN_PUB_UNROLL
+#define PEERDCP_OUTPUT_SN_PUB_UNROLL 2
+#endif
+constexpr int kSnPubUnroll = PEERDCP_OUTPUT_SN_PUB_UNROLL;
 
 __device__ __forceinline__ bool has_sentinel(const uint4& v) {
   return (__vcmpeq2(v.x, kSentinelPair) | __vcmpeq2(v.y, kSentinelPair) | __vcmpeq2(v.z, kSentinelPair) |
@@ -64,14 +71,14 @@ struct SnGeo {
   uint32_t f;  // this call's LSE flag
 };
 
-// Publish blocks b0 + k*step (k < kPubUnroll): block b = (slab b / nd, destination index b % nd), slab s = vectors
+// Publish blocks b0 + k*step (k < kSnPubUnroll): block b = (slab b / nd, destination index b % nd), slab s = vectors
 // [s*kBlock, (s+1)*kBlock) of the call's [T, H*D/8] slice; every load of the round before the first store.
 __device__ __forceinline__ void sn_publish(const OutputDirectParams& p, const SnGeo& g, int b0, int step) {
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
-  uint4 v[kPubUnroll];
-  int d[kPubUnroll], vec[kPubUnroll];
+  uint4 v[kSnPubUnroll];
+  int d[kSnPubUnroll], vec[kSnPubUnroll];
 #pragma unroll
-  for (int k = 0; k < kPubUnroll; ++k) {
+  for (int k = 0; k < kSnPubUnroll; ++k) {
     const int b = b0 + k * step;
     d[k] = -1;
     if (b < g.nb) {
@@ -85,7 +92,7 @@ __device__ __forceinline__ void sn_publish(const OutputDirectParams& p, const Sn
     }
   }
 #pragma unroll
-  for (int k = 0; k < kPubUnroll; ++k) {
+  for (int k = 0; k < kSnPubUnroll; ++k) {
     if (d[k] >= 0) {
       const uint4 w = make_uint4(off_sentinel(v[k].x), off_sentinel(v[k].y), off_sentinel(v[k].z),
                                  off_sentinel(v[k].w));
@@ -216,7 +223,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
   if (p.sn_pub == 0 || p.sn_pub >= G) {
     // ---- every CTA: its blocks (round r of all CTAs = blocks [r*G*U, (r+1)*G*U): the slabs leave in order),
     // then its slabs
-    for (int b0 = prog; b0 < g.nb; b0 += G * kPubUnroll) sn_publish(p, g, b0, G);
+    for (int b0 = prog; b0 < g.nb; b0 += G * kSnPubUnroll) sn_publish(p, g, b0, G);
     stamp(1);
     for (int b0 = prog; b0 < g.nslab; b0 += G * kSnCombUnroll) sn_combine<scalar_t, WMAX>(p, g, b0, G, e, dead);
     stamp(2);
@@ -224,13 +231,14 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
   }
   // ---- split roles: CTAs [0, P) publish, CTAs [P, G) combine, each group in the order the blocks leave. A few
   // CTAs saturate the link, and the combiners' loads do not queue behind their own CTA's remote stores (which
-  // back up while the link is busy), so the combine runs under the transfer. Measured (H200 x 2, Kimi, T = 256):
-  // P = 32 of 264 CTAs 18.1 us; P = 24 / 40 / 48 / 64 / 132: 22.7 / 20.2 / 21.6 / 22.9 / 29.2 us; every CTA both:
-  // 22.7 us (bench/RESULTS.md, session 9). Where the hardware places the CTAs is not controlled.
+  // back up while the link is busy), so the combine runs under the transfer. Measured (H200 x 2, Kimi, T = 256,
+  // 4 loads in flight per publisher thread): P = 32 of 264 CTAs 18.1 us; P = 24 / 40 / 48 / 64 / 132: 22.7 / 20.2
+  // / 21.6 / 22.9 / 29.2 us; every CTA both: 22.7 us. The host picks P per call (TUNING["cuda_sentinel_split"]);
+  // the optimum is sharp and where the hardware places the CTAs is not controlled (bench/RESULTS.md, session 9).
   const int P = p.sn_pub, C = G - P;
   if (prog < P) {
     if (tid == 0) s_pub = 1;
-    for (int b0 = prog; b0 < g.nb; b0 += P * kPubUnroll) sn_publish(p, g, b0, P);
+    for (int b0 = prog; b0 < g.nb; b0 += P * kSnPubUnroll) sn_publish(p, g, b0, P);
     stamp(1);
     return;
   }

@@ -161,8 +161,8 @@ def test_sentinel_bit_chosen_per_call_from_T():
         peer_addrs=[0x1000, 0x2000], epochs=torch.zeros(4, dtype=torch.int64), err_addr=0, rank=0, heads=16,
         head_dim=512, max_tokens=64, programs=4, heads_per_unit=4, lse_off=256, payload_off=512, timeout_ns=10**9,
         base2=False, dtype=torch.bfloat16, mech=1, device=0, ll_max_tokens=8, opts=pdl | ll128 | sn, ll128_off=1024,
-        ll128_max_tokens=48, ll128_min_tokens=20, sn_off=4096, sn_lse_off=8192, sn_min_tokens=48, sn_publishers=32,
-        sn_split_min_tokens=56,
+        ll128_max_tokens=48, ll128_min_tokens=20, sn_off=4096, sn_lse_off=8192, sn_min_tokens=48,
+        sn_split=((56, 32), (60, 40)),
     )  # fmt: skip
     assert (launcher._p.sn_off, launcher._p.sn_lse_off) == (4096, 8192)
     cases = (
@@ -171,6 +171,7 @@ def test_sentinel_bit_chosen_per_call_from_T():
         (48, pdl | ll128, 0),
         (49, pdl | ll128 | sn, 0),
         (57, pdl | ll128 | sn, 32),
+        (61, pdl | ll128 | sn, 40),
     )
     for T, want, pub in cases:
         x = torch.zeros(T, 32, 512, dtype=torch.bfloat16)
@@ -180,8 +181,12 @@ def test_sentinel_bit_chosen_per_call_from_T():
 
 
 def test_sentinel_tuning_validated_on_every_rank(pools):
-    for key in ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers", "cuda_sentinel_split_min_tokens"):
-        for bad in (-1, "4", True):
+    bad_values = {
+        "cuda_sentinel_min_tokens": (-1, "4", True),
+        "cuda_sentinel_split": (5, ((64,),), ((64, -1),), ((64, 36), (32, 40)), ((8, True),)),
+    }
+    for key, bads in bad_values.items():
+        for bad in bads:
             res = pools(2).run(fns.construct_with_opts, HOST, {"cuda_opts": ("sentinel",), key: bad})
             assert all(r.get("error", "").startswith("ValueError") and key in r["error"] for r in res), res
     for pair in [("sentinel", "tight_grid"), ("sentinel", "chunked")]:
@@ -206,8 +211,8 @@ OPT_SETS = [
     ("chunked", "split_roles"),
     ("sentinel", "pdl"),  # T > 48 (split roles above T = 64)
     {"cuda_opts": ("sentinel",), "cuda_sentinel_min_tokens": 0},  # every T above the LL range
-    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split_min_tokens": 0},
-    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": 0},
+    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ((0, 36), (100, 40))},
+    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ()},
 ]
 OPT_IDS = ["+".join(o) if isinstance(o, tuple) else "+".join(o["cuda_opts"]) + f"-{i}" for i, o in enumerate(OPT_SETS)]
 

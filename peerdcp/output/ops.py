@@ -160,17 +160,16 @@ class DirectLauncher:
         sn_off: int = 0,
         sn_lse_off: int = 0,
         sn_min_tokens: int = 0,
-        sn_publishers: int = 0,
-        sn_split_min_tokens: int = 0,
+        sn_split: tuple = (),
     ) -> None:
         self._lib = library()
         # Per-call bits, decided from T alone (the same on every rank): calls with T <= ll128_min_tokens run
         # without the LL128 bit (the LL128 band is (max(ll_max_tokens, ll128_min_tokens), ll128_max_tokens]),
-        # calls with T <= sn_min_tokens without the sentinel bit; sentinel calls with T > sn_split_min_tokens split
-        # the CTAs into sn_publishers publishers and combiners (sn_pub), the others let every CTA do both (0).
+        # calls with T <= sn_min_tokens without the sentinel bit; sentinel calls split the CTAs into n publishers
+        # and combiners (sn_pub = n) for the last (t, n) of sn_split with T > t, else every CTA does both (0).
         self._opts = opts
         self._ll128_min, self._sn_min = ll128_min_tokens, sn_min_tokens
-        self._sn_pub, self._sn_split_min = sn_publishers, sn_split_min_tokens
+        self._sn_split = tuple((int(t), int(n)) for t, n in sn_split)
         self._device = ctypes.c_int(device)
         p = OutputDirectParams()
         for i, a in enumerate(peer_addrs):
@@ -206,7 +205,11 @@ class DirectLauncher:
         if tokens <= self._sn_min:
             opts &= ~OPTS["sentinel"]
         p.opts = opts
-        p.sn_pub = self._sn_pub if tokens > self._sn_split_min else 0
+        pub = 0
+        for t, n in self._sn_split:
+            if tokens > t:
+                pub = n
+        p.sn_pub = pub
         stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
@@ -274,8 +277,7 @@ def output_direct(
     sn_off: int = 0,
     sn_lse_off: int = 0,
     sn_min_tokens: int = 0,
-    sn_publishers: int = 0,
-    sn_split_min_tokens: int = 0,
+    sn_split: list[int] | None = None,
 ) -> None:
     """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
@@ -306,8 +308,7 @@ def output_direct(
         sn_off=sn_off,
         sn_lse_off=sn_lse_off,
         sn_min_tokens=sn_min_tokens,
-        sn_publishers=sn_publishers,
-        sn_split_min_tokens=sn_split_min_tokens,
+        sn_split=tuple(zip(sn_split[::2], sn_split[1::2])) if sn_split else (),
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 
@@ -316,7 +317,6 @@ def output_direct(
 def _output_direct_fake(
     partial_out, partial_lse, out, out_lse, epochs, peer_addrs, err_addr, rank, programs, heads_per_unit,
     max_tokens, lse_off, payload_off, timeout_ns, base2, return_lse, mech, ll_off, ll_max_tokens, opts=0,
-    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0, sn_off=0, sn_lse_off=0, sn_min_tokens=0, sn_publishers=0,
-    sn_split_min_tokens=0,
+    ll128_off=0, ll128_max_tokens=0, ll128_min_tokens=0, sn_off=0, sn_lse_off=0, sn_min_tokens=0, sn_split=None,
 ) -> None:  # fmt: skip
     return None

@@ -85,12 +85,12 @@ TUNING = {
     "cuda_opts": ("pdl", "sentinel"),
     # With "sentinel": calls with T > this use the sentinel kernel (LL and an LL128 band take precedence).
     "cuda_sentinel_min_tokens": 0,
-    # With "sentinel": calls with T > cuda_sentinel_split_min_tokens split the CTAs - the first this many publish,
-    # the others combine, so the combine runs under the transfer; smaller calls (or 0 publishers) let every CTA
-    # publish its share, then combine its share. Session 9 (bench/RESULTS.md): 32 of 264 CTAs was the fastest
-    # split (T = 128 / 256: 11.0 / 18.1 us; 24 or 40 CTAs 12.4-12.7 / 20.2-22.7), every CTA both is fastest to T = 64.
-    "cuda_sentinel_publishers": 32,
-    "cuda_sentinel_split_min_tokens": 64,
+    # With "sentinel": ((t, n), ...), thresholds increasing: a call with T > t (the last such pair) splits the CTAs -
+    # the first n publish, the others combine, so the combine runs under the transfer; a call below the first t
+    # lets every CTA publish its share, then combine its share. Session 9 (bench/RESULTS.md, 2 publish loads in
+    # flight per thread): every CTA both is fastest to T = 64, 36 publishers to T = 192 (T = 128: 9.99 us; 32 or
+    # 40: 10.4 / 10.6), 40 above (T = 256: 16.97 us; 36 / 44: 18.1 / 17.4). () = never split.
+    "cuda_sentinel_split": ((64, 36), (192, 40)),
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -121,6 +121,20 @@ def ll128_band(
     if hi <= max(ll_max_tokens, lo):  # the band is empty
         return 0, 0
     return hi, lo
+
+
+def _split_table_ok(table) -> bool:
+    """``TUNING["cuda_sentinel_split"]``: a tuple of (T threshold, publisher CTAs) int pairs, thresholds increasing."""
+    if not isinstance(table, (tuple, list)):
+        return False
+    last = -1
+    for pair in table:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            return False
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in pair) or pair[0] <= last:
+            return False
+        last = pair[0]
+    return True
 
 
 class OutputReducer:
@@ -246,11 +260,16 @@ class OutputReducer:
         if "split_roles" in cuda_opts and "chunked" not in cuda_opts:
             problems.append((ValueError, "TUNING['cuda_opts']: 'split_roles' applies to 'chunked' only"))
         l128, l128_min = ll128_band(ll128_max_tokens, cuda_opts, max_tokens, ll, heads_per_rank, head_dim)
-        sn_keys = ("cuda_sentinel_min_tokens", "cuda_sentinel_publishers", "cuda_sentinel_split_min_tokens")
-        sn = tuple(TUNING[k] for k in sn_keys)
-        for key, v in zip(sn_keys, sn):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                problems.append((ValueError, f"TUNING[{key!r}] must be an int >= 0, got {v!r}"))
+        sn = (TUNING["cuda_sentinel_min_tokens"], TUNING["cuda_sentinel_split"])
+        if isinstance(sn[0], bool) or not isinstance(sn[0], int) or sn[0] < 0:
+            problems.append((ValueError, f"TUNING['cuda_sentinel_min_tokens'] must be an int >= 0, got {sn[0]!r}"))
+        if not _split_table_ok(sn[1]):
+            problems.append(
+                (ValueError, "TUNING['cuda_sentinel_split'] must be ((T, publishers), ...) ints >= 0 with T "
+                 f"increasing, got {sn[1]!r}")
+            )  # fmt: skip
+            sn = (sn[0], ())
+        sn = (sn[0], tuple(tuple(pair) for pair in sn[1]))
         if "sentinel" not in cuda_opts or not isinstance(sn[0], int) or sn[0] >= max_tokens:
             sn = None  # no call would use it
         if l128 and l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
@@ -315,7 +334,7 @@ class OutputReducer:
         cuda_opts: tuple = (),
         ll128_max_tokens: int = 0,
         ll128_min_tokens: int = 0,
-        sentinel: tuple[int, int, int] | None = None,
+        sentinel: tuple[int, tuple] | None = None,
     ) -> None:
         info, dev, W = self._info, self.device, self.world_size
         gpu = on_gpu(dev)
@@ -395,14 +414,15 @@ class OutputReducer:
         if self.ll128_max_tokens:
             lo = max(self.ll_max_tokens, self._ll128_min)
             self.reason += f", LL128 for {lo} < T <= {self.ll128_max_tokens}"
-        # sentinel kernel: calls with T > sn_min; above sn_split_min, sn_pub publisher CTAs and G - sn_pub combiners
+        # sentinel kernel: calls with T > sn_min; split roles by the table (publishers >= G: every CTA both)
         self._sn = choice == "cuda" and sentinel is not None
-        self._sn_min, self._sn_pub, self._sn_split_min = sentinel if self._sn else (0, 0, 0)
+        self._sn_min, self._sn_split = sentinel if self._sn else (0, ())
+        self._sn_split = tuple((t, n if n < G else 0) for t, n in self._sn_split)
         if self._sn:
             lo = max(self._sn_min, self.ll_max_tokens)
             self.reason += f", sentinel kernel for T > {lo}"
-            if 0 < self._sn_pub < G:
-                self.reason += f" ({self._sn_pub} publisher CTAs for T > {self._sn_split_min})"
+            if self._sn_split:
+                self.reason += " (publisher CTAs " + ", ".join(f"{n} for T > {t}" for t, n in self._sn_split) + ")"
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
@@ -455,8 +475,7 @@ class OutputReducer:
                 sn_off=self._layout.sn_off,
                 sn_lse_off=self._layout.sn_lse_off,
                 sn_min_tokens=self._sn_min,
-                sn_publishers=self._sn_pub,
-                sn_split_min_tokens=self._sn_split_min,
+                sn_split=self._sn_split,
             )
 
     # --------------------------------------------------------------------------------- checks
@@ -560,7 +579,7 @@ class OutputReducer:
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
                     self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_min,
-                    self._sn_pub, self._sn_split_min,
+                    [x for pair in self._sn_split for x in pair],
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

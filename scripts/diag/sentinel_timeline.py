@@ -22,8 +22,7 @@ import torch
 def _variants(publishers: list[int]) -> dict:
     return {
         ("unified" if n == 0 else f"split-{n}"): {
-            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_publishers": n,
-            "cuda_sentinel_split_min_tokens": 0,
+            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ((0, n),),
         }
         for n in publishers
     }  # fmt: skip

@@ -9,7 +9,9 @@ LSE-weighted combine of every rank's partial. Backends:
   (``csrc/output_direct.cu`` on CUDA, or the Triton twin ``kernels.direct_kernel``; the Triton kernel is
   also the CPU path under ``TRITON_INTERPRET=1``). Device-side epochs with two parity slots: no host
   sync and no barrier between calls; capturable in CUDA graphs. For small T the CUDA kernel uses the
-  LL protocol (the flag rides in every 8-byte word: no fence, no flag round trip).
+  LL protocol (the flag rides in every 8-byte word: no fence, no flag round trip), above it the sentinel
+  protocol (the inbox holds a reserved 16-bit pattern at rest, so every payload vector signals its own
+  arrival; for large T a few CTAs publish while the others combine).
 * ``"a2a"`` - pack + ``all_to_all_single`` + Triton combine (torch.distributed: NCCL / gloo).
 * ``"ag_rs"`` - all-gather of the LSE, local correction, ``reduce_scatter`` (fp32).
 * ``"auto"`` - ``direct`` when peer memory is eligible (vmm, then symm; host for CPU), else ``a2a``;

@@ -180,6 +180,18 @@ def test_sentinel_bit_chosen_per_call_from_T():
         assert (launcher._p.T, launcher._p.opts, launcher._p.sn_pub) == (T, want, pub)
 
 
+def test_sentinel_split_table_in_bytes():
+    """The default table splits the Kimi geometry (16 KiB per token) above T = 64 and switches at T = 192; a
+    32-head geometry (32 KiB per token) at half those T; a publisher count >= the grid means no split."""
+    assert R.TUNING["cuda_sentinel_split"] == ((1 << 20, 36), (3 << 20, 40))
+    assert R.sentinel_split_tokens(R.TUNING["cuda_sentinel_split"], 16 * 512 * 2, 264) == ((64, 36), (192, 40))
+    assert R.sentinel_split_tokens(R.TUNING["cuda_sentinel_split"], 32 * 512 * 2, 264) == ((32, 36), (96, 40))
+    assert R.sentinel_split_tokens(((0, 36), (100, 300)), 1000, 264) == ((0, 36), (0, 0))
+    for T in range(1, 300):  # T > b // k  <=>  T * k > b
+        for b in (0, 1, 999, 1000, 1001, 65536, 1 << 20):
+            assert (T > R.sentinel_split_tokens(((b, 1),), 1000, 8)[0][0]) == (T * 1000 > b)
+
+
 def test_sentinel_tuning_validated_on_every_rank(pools):
     bad_values = {
         "cuda_sentinel_min_tokens": (-1, "4", True),
@@ -209,9 +221,13 @@ OPT_SETS = [
     ("chunked",),
     ("chunked", "pdl", "tight_grid"),
     ("chunked", "split_roles"),
-    ("sentinel", "pdl"),  # T > 48 (split roles above T = 64)
+    ("sentinel", "pdl"),  # the default: every T above LL (split roles above 1 MiB per slice, Kimi T = 64)
     {"cuda_opts": ("sentinel",), "cuda_sentinel_min_tokens": 0},  # every T above the LL range
-    {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ((0, 36), (100, 40))},
+    {  # the publisher count switches at T = 100 (Kimi: 16 KiB per token)
+        "cuda_opts": ("sentinel", "pdl"),
+        "cuda_sentinel_min_tokens": 0,
+        "cuda_sentinel_split": ((0, 36), (100 << 14, 40)),
+    },
     {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ()},
 ]
 OPT_IDS = ["+".join(o) if isinstance(o, tuple) else "+".join(o["cuda_opts"]) + f"-{i}" for i, o in enumerate(OPT_SETS)]

@@ -87,12 +87,15 @@ TUNING = {
     "cuda_opts": ("pdl", "sentinel"),
     # With "sentinel": calls with T > this use the sentinel kernel (LL and an LL128 band take precedence).
     "cuda_sentinel_min_tokens": 0,
-    # With "sentinel": ((t, n), ...), thresholds increasing: a call with T > t (the last such pair) splits the CTAs -
-    # the first n publish, the others combine, so the combine runs under the transfer; a call below the first t
-    # lets every CTA publish its share, then combine its share. Session 9 (bench/RESULTS.md, 2 publish loads in
-    # flight per thread): every CTA both is fastest to T = 64, 36 publishers to T = 192 (T = 128: 9.99 us; 32 or
-    # 40: 10.4 / 10.6), 40 above (T = 256: 16.97 us; 36 / 44: 18.1 / 17.4). () = never split.
-    "cuda_sentinel_split": ((64, 36), (192, 40)),
+    # With "sentinel": ((b, n), ...), b increasing: a call whose slice per destination (T * H * D * element bytes)
+    # exceeds b (the last such pair) splits the CTAs - the first n publish, the others combine, so the combine
+    # runs under the transfer; a call at or below the first b lets every CTA publish its share, then combine
+    # its share. Session 9 (bench/RESULTS.md; Kimi, 16 KiB per token; 2 publish loads in flight per thread):
+    # every CTA both is fastest to T = 64 (1 MiB), 36 publishers to T = 192 (3 MiB; T = 128: 9.99 us, 32 or 40
+    # publishers 10.4 / 10.6), 40 above (T = 256: 16.97 us; 36 / 44: 18.1 / 17.4). In bytes, not tokens, on the
+    # assumption that the link, not the head count, sets the optimum (unmeasured for other geometries).
+    # () = never split.
+    "cuda_sentinel_split": ((1 << 20, 36), (3 << 20, 40)),
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -123,6 +126,13 @@ def ll128_band(
     if hi <= max(ll_max_tokens, lo):  # the band is empty
         return 0, 0
     return hi, lo
+
+
+def sentinel_split_tokens(table, bytes_per_token: int, programs: int) -> tuple:
+    """``TUNING["cuda_sentinel_split"]`` (slice-byte thresholds) as the launcher's token thresholds:
+    ``T > b // bytes_per_token`` exactly when ``T * bytes_per_token > b``; a publisher count of at least the
+    grid (``programs``) means every CTA publishes and combines (0)."""
+    return tuple((b // bytes_per_token, n if n < programs else 0) for b, n in table)
 
 
 def _split_table_ok(table) -> bool:
@@ -419,7 +429,8 @@ class OutputReducer:
         # sentinel kernel: calls with T > sn_min; split roles by the table (publishers >= G: every CTA both)
         self._sn = choice == "cuda" and sentinel is not None
         self._sn_min, self._sn_split = sentinel if self._sn else (0, ())
-        self._sn_split = tuple((t, n if n < G else 0) for t, n in self._sn_split)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        self._sn_split = sentinel_split_tokens(self._sn_split, self.heads * self.head_dim * elem, G)
         if self._sn:
             lo = max(self._sn_min, self.ll_max_tokens)
             self.reason += f", sentinel kernel for T > {lo}"

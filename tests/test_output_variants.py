@@ -189,7 +189,8 @@ def test_sentinel_split_table_in_bytes():
     assert R.sentinel_split_tokens(((0, 36), (100, 300)), 1000, 264) == ((0, 36), (0, 0))
     for T in range(1, 300):  # T > b // k  <=>  T * k > b
         for b in (0, 1, 999, 1000, 1001, 65536, 1 << 20):
-            assert (T > R.sentinel_split_tokens(((b, 1),), 1000, 8)[0][0]) == (T * 1000 > b)
+            threshold = R.sentinel_split_tokens(((b, 1),), 1000, 8)[0][0]
+            assert (T > threshold) == (T * 1000 > b)
 
 
 def test_sentinel_tuning_validated_on_every_rank(pools):

@@ -190,7 +190,7 @@ def test_sentinel_split_table_in_bytes():
     for T in range(1, 300):  # T > b // k  <=>  T * k > b
         for b in (0, 1, 999, 1000, 1001, 65536, 1 << 20):
             threshold = R.sentinel_split_tokens(((b, 1),), 1000, 8)[0][0]
-            assert (T > threshold) == (T * 1000 > b)
+            assert (threshold < T) is (b < T * 1000)
 
 
 def test_sentinel_tuning_validated_on_every_rank(pools):

@@ -1,5 +1,5 @@
-// Output/LSE CUDA kernels (see output_direct.cu), part 4: the opt-in sentinel kernel (large T): the payload
-// needs no flag at all, because a slot at rest holds a reserved bit pattern that no published word can have.
+// Output/LSE CUDA kernels (see output_direct.cu), part 4: the sentinel kernel (the default above the LL range since
+// session 9): the payload needs no flag at all, because a slot at rest holds a bit pattern no published word has.
 #pragma once
 
 #include "output_common.cuh"
@@ -34,10 +34,10 @@ namespace {
 //
 // Roles. Combiners take vectors in the order publishers store them (token-major slabs of kBlock vectors), so
 // the combine follows the transfer. sn_pub == 0 (or >= G): every CTA publishes its blocks, then combines its
-// slabs. 0 < sn_pub < G: CTAs [0, sn_pub) publish, the others combine (see the kernel). All CTAs are co-resident (G <= occupancy, host side),
-// so a combiner's wait always ends once its peer's publishers ran; the wait is bounded regardless. Every CTA
-// runs in every call (no tight grid): an LSE word's reader is another CTA than its writer, so all epochs must
-// agree.
+// slabs. 0 < sn_pub < G: CTAs [0, sn_pub) publish, the others combine (see the kernel). All CTAs are
+// co-resident (G <= occupancy, host side), so a combiner's wait always ends once its peer's publishers ran; the
+// wait is bounded regardless. Every CTA runs in every call (no tight grid): an LSE word's reader is another CTA
+// than its writer, so all epochs must agree.
 //
 // Layout at sn_off: payload [2 slots][W src][max_tokens][H*D/8] uint4 (sentinel at rest), then at
 // sn_lse_off LSE words [2][W][max_tokens][H] u64.

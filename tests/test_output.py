@@ -187,6 +187,9 @@ def test_cuda_op_is_registered_with_a_fake_implementation():
         ep = torch.zeros(3, dtype=torch.int64, device="cuda")
         args = ([1, 2], 0, 0, 3, 1, 8, 0, 0, 1, False, True, 1, 0, 0)
         assert torch.ops.peerdcp.output_direct(po, pl, out, ol, ep, *args) is None
+        # with the opt-in / sentinel arguments the reducer passes (opts, LL128 and sentinel fields, split table)
+        more = (68, 0, 0, 0, 4096, 8192, 0, [64, 36, 192, 40])
+        assert torch.ops.peerdcp.output_direct(po, pl, out, ol, ep, *args, *more) is None
 
 
 def test_inbox_layout_is_aligned_and_disjoint():
@@ -208,3 +211,11 @@ def test_inbox_layout_is_aligned_and_disjoint():
         assert L.ll128_row_words % 16 == 0 and L.ll128_row_words >= L.ll128_lines * 16 + H  # whole lines
         assert L.nbytes >= L.ll128_off + 2 * 2 * T * L.ll128_row_words * 8
     assert InboxLayout(2, 264, 256, 16, 512, 2, 8, ll128_tokens=256).ll128_lines == 137  # Kimi: 2048 words
+    for W, H, D, T in [(2, 16, 512, 256), (3, 3, 24, 5), (4, 32, 512, 7)]:  # the sentinel region
+        L = InboxLayout(W, 264, T, H, D, 2, 8, ll128_tokens=4, sn_tokens=T)
+        assert L.sn_off >= L.ll128_off + 2 * W * 4 * L.ll128_row_words * 8 and L.sn_off % 256 == 0
+        assert L.sn_payload_bytes == 2 * W * T * H * D * 2
+        assert L.sn_lse_off >= L.sn_off + L.sn_payload_bytes and L.sn_lse_off % 256 == 0
+        assert L.nbytes >= L.sn_lse_off + 2 * W * T * H * 8
+    L = InboxLayout(2, 264, 256, 16, 512, 2, 8)
+    assert L.nbytes == L.sn_off == L.sn_lse_off  # no sentinel region unless asked for

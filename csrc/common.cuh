@@ -63,16 +63,13 @@ __device__ __forceinline__ uint2 ld_volatile_v2(const uint2* p) {
   return v;
 }
 
-// 64-bit scalar volatile accesses: an aligned 64-bit scalar access is single-copy atomic in the PTX memory
-// model (a v2.u32 access is two 32-bit ones), so a {data, flag} pair read this way is never torn.
-__device__ __forceinline__ void st_volatile_u64(uint64_t* p, uint64_t v) {
-  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+// Two 64-bit elements in one 16-byte access: each element is single-copy atomic (not the pair).
+__device__ __forceinline__ void st_volatile_v2u64(uint64_t* p, uint64_t a, uint64_t b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 
-__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
+__device__ __forceinline__ void ld_volatile_v2u64(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
 }
 
 // Record a timed-out wait. Plain volatile stores, no atomics: atomics on pinned host memory are not

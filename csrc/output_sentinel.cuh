@@ -21,9 +21,13 @@ namespace {
 // consumer stores the sentinel back (weak 16-byte store; only it touches the vector until its next use).
 // Every vector of every source is waited for, also when that source's weight is 0 (its bytes are selected
 // away, never multiplied, as in every kernel here), so that no late store can land after the reset.
-// LSEs travel as 64-bit LL words {lse bits, flag} (one u64 store and load: single-copy atomic), flag =
-// uint32(epoch * 2^20 + T): never 0 (fresh memory), never the slot's previous value (epoch - 2, any T), and
-// a peer that called with another T never matches (it times out instead of combining stale rows).
+// LSEs travel as two 64-bit words {lse bits, flag half} (one 16-byte access; each u64 single-copy atomic) that
+// carry the two halves of the plain kernel's 64-bit flag epoch * 2^20 + T: a word can be older than the slot's
+// previous use (rows past a small call's T keep an old call's words), so a 32-bit flag would repeat after 2^12
+// calls; the 64-bit one never does, and a peer that called with another T never matches (it times out instead of
+// combining stale rows). The reader takes the LSE once both halves match and both words hold the same LSE bits:
+// if one word were stale with a coinciding half, either its LSE equals the new one (then the value is right) or
+// the words differ and the reader polls on until the new words land.
 //
 // Why two slots suffice: A writes slot n%2 in call n after its call n-1 completed; call n-1 waited for
 // every vector and LSE of B's call n-1, which B published after its call n-2 - which consumed and reset
@@ -40,7 +44,7 @@ namespace {
 // than its writer, so all epochs must agree.
 //
 // Layout at sn_off: payload [2 slots][W src][max_tokens][H*D/8] uint4 (sentinel at rest), then at
-// sn_lse_off LSE words [2][W][max_tokens][H] u64.
+// sn_lse_off LSE words [2][W][max_tokens][H][2] u64.
 constexpr uint32_t kSentinelPair = 0xffffffffu;  // two 16-bit sentinels
 // slabs per combine round of a thread (every load of a round is issued before its first poll); the build can
 // override it for tuning sweeps only: PEERDCP_NVCC_EXTRA="-DPEERDCP_OUTPUT_SN_COMB_UNROLL=4"
@@ -68,7 +72,7 @@ __device__ __forceinline__ uint32_t off_sentinel(uint32_t w) { return w ^ (__vcm
 struct SnGeo {
   int W, H, rank, T, VH, HV, N, nslab, nd, nb, slot;
   int64_t WHV, my_row0;
-  uint32_t f;  // this call's LSE flag
+  uint32_t flo, fhi;  // this call's 64-bit LSE flag, low and high halves
 };
 
 // Publish blocks b0 + k*step (k < kSnPubUnroll): block b = (slab b / nd, destination index b % nd), slab s = vectors
@@ -116,7 +120,7 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
   float own_l[kSnCombUnroll];
   uint4 own_v[kSnCombUnroll];
   uint4 x[kSnCombUnroll][WMAX];
-  uint64_t c[kSnCombUnroll][WMAX];
+  uint64_t c[kSnCombUnroll][WMAX], c2[kSnCombUnroll][WMAX];  // the two LSE words
 #pragma unroll
   for (int k = 0; k < kSnCombUnroll; ++k) {
     const int sl = b0 + k * step;
@@ -134,7 +138,7 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
       if (s < W && s != rank) {
         const int64_t row = int64_t(g.slot * W + s) * p.max_tokens + t[k];
         x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
-        c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
+        peerdcp::ld_volatile_v2u64(in_lse + (row * H + h[k]) * 2, c[k][s], c2[k][s]);
       }
     }
   }
@@ -146,12 +150,17 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
     for (int s = 0; s < WMAX; ++s) {
       if (s < W && s != rank) {
         const int64_t row = int64_t(g.slot * W + s) * p.max_tokens + t[k];
-        auto here = [&]() { return uint32_t(c[k][s] >> 32) == g.f && !has_sentinel(x[k][s]); };
+        const uint64_t* lw = in_lse + (row * H + h[k]) * 2;
+        auto lse_here = [&]() {
+          return uint32_t(c[k][s] >> 32) == g.flo && uint32_t(c2[k][s] >> 32) == g.fhi &&
+                 uint32_t(c[k][s]) == uint32_t(c2[k][s]);
+        };
+        auto here = [&]() { return lse_here() && !has_sentinel(x[k][s]); };
         if (!here() && !((dead >> s) & 1)) {
           const uint64_t t0 = peerdcp::global_timer_ns();
           int spins = 0;
           while (!here()) {
-            if (uint32_t(c[k][s] >> 32) != g.f) c[k][s] = peerdcp::ld_volatile_u64(in_lse + row * H + h[k]);
+            if (!lse_here()) peerdcp::ld_volatile_v2u64(lw, c[k][s], c2[k][s]);
             if (has_sentinel(x[k][s])) x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
             if (!here() && ++spins == 64) {
               spins = 0;
@@ -193,7 +202,9 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
   g.nb = g.nslab * g.nd;
   g.slot = static_cast<int>(e & 1);
   g.my_row0 = int64_t(g.slot * g.W + g.rank) * p.max_tokens;
-  g.f = static_cast<uint32_t>(e * kTokenSpace + p.T);
+  const uint64_t fv = static_cast<uint64_t>(e * kTokenSpace + p.T);
+  g.flo = static_cast<uint32_t>(fv);
+  g.fhi = static_cast<uint32_t>(fv >> 32);
   const int G = p.G;
   // diagnosis (scripts/diag/sentinel_timeline.py): [start, publish done, combine done, SM] per CTA, in ns
   auto stamp = [&](int k) {
@@ -216,8 +227,8 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
     const int t = r / g.H, h = r - (r / g.H) * g.H;
     const int d = dj + (dj >= g.rank);
     const float v = __ldg(p.partial_lse + int64_t(t) * g.W * g.H + d * g.H + h);
-    uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[d] + p.sn_lse_off) + (g.my_row0 + t) * g.H + h;
-    peerdcp::st_volatile_u64(dl, (uint64_t(g.f) << 32) | __float_as_uint(v));
+    uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[d] + p.sn_lse_off) + ((g.my_row0 + t) * g.H + h) * 2;
+    peerdcp::st_volatile_v2u64(dl, (uint64_t(g.flo) << 32) | __float_as_uint(v), (uint64_t(g.fhi) << 32) | __float_as_uint(v));
   }
   int dead = 0;
   if (p.sn_pub == 0 || p.sn_pub >= G) {

@@ -216,6 +216,6 @@ def test_inbox_layout_is_aligned_and_disjoint():
         assert L.sn_off >= L.ll128_off + 2 * W * 4 * L.ll128_row_words * 8 and L.sn_off % 256 == 0
         assert L.sn_payload_bytes == 2 * W * T * H * D * 2
         assert L.sn_lse_off >= L.sn_off + L.sn_payload_bytes and L.sn_lse_off % 256 == 0
-        assert L.nbytes >= L.sn_lse_off + 2 * W * T * H * 8
+        assert L.nbytes >= L.sn_lse_off + 2 * W * T * H * 16  # two 64-bit LSE words per entry
     L = InboxLayout(2, 264, 256, 16, 512, 2, 8)
     assert L.nbytes == L.sn_off == L.sn_lse_off  # no sentinel region unless asked for

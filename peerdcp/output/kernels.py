@@ -68,9 +68,9 @@ class InboxLayout:
     ``ll128  u64   [2, W, ll128_tokens, ll128_row_words]`` at ``ll128_off``: the CUDA kernel's LL128 region
     (``ll128_lines`` 128-byte lines of 15 data words + 1 flag word, then H LL words of LSE, padded to a line;
     absent when ``ll128_tokens`` is 0)
-    ``sentinel dtype [2, W, sn_tokens, H, D]`` at ``sn_off``, then ``u64 [2, W, sn_tokens, H]`` at ``sn_lse_off``:
-    the CUDA sentinel kernel's region (payload all 0xFF bytes at rest, LSE LL words; absent when ``sn_tokens``
-    is 0)
+    ``sentinel dtype [2, W, sn_tokens, H, D]`` at ``sn_off``, then the LSE words at ``sn_lse_off``:
+    the CUDA sentinel kernel's region (payload all 0xFF bytes at rest, then two 64-bit LSE words per entry:
+    ``u64 [2, W, sn_tokens, H, 2]``; absent when ``sn_tokens`` is 0)
 
     Row ``[k, s]`` is written only by source s; the row of the inbox owner itself stays unused (its own
     slice is read from the input).
@@ -133,7 +133,7 @@ class InboxLayout:
 
     @property
     def nbytes(self) -> int:
-        return self.sn_lse_off + _round_up(2 * self.world_size * self.sn_tokens * self.heads * 8)
+        return self.sn_lse_off + _round_up(2 * self.world_size * self.sn_tokens * self.heads * 16)
 
 
 def heads_per_unit(heads: int, head_dim: int, target_elems: int) -> int:

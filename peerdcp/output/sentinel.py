@@ -7,21 +7,25 @@ kernel's publish and poll rules implement, small enough to check exhaustively on
   reads a vector as 32-bit words (each single-copy atomic) takes it once no word holds a ``0xFFFF`` half.
 * LSE: the 64-bit flag ``fv = epoch * 2**20 + T`` travels in two 64-bit words ``(flag low half << 32 | lse bits,
   flag high half << 32 | lse bits)``; a consumer takes the LSE once both halves match this call's ``fv`` and
-  both words hold the same LSE bits. Either word may be left over from any earlier call (a row past a small
-  call's T keeps its words), and the two may come from different calls (each is atomic, the pair is not).
+  both words hold the same LSE bits. Each word shows either the row's last earlier write - which may be any
+  number of calls old, as a row past a small call's T keeps its words, and which the consumer observed when it
+  consumed that row, so nothing older comes back - or this call's; the two may differ (each word is atomic, the
+  16-byte pair is not).
 """
 
 from __future__ import annotations
 
 __all__ = ["SENTINEL_WORD", "off_sentinel", "vector_arrived", "lse_words", "take_lse", "flag_value"]
 
+from .kernels import TOKEN_SPACE
+
 SENTINEL_WORD = 0xFFFFFFFF  # two 16-bit sentinels: a 32-bit payload word at rest
 _M32 = 0xFFFFFFFF
 
 
 def flag_value(epoch: int, tokens: int) -> int:
-    """The call's 64-bit flag (the plain kernel's): ``epoch * 2**20 + T``, with ``1 <= T < 2**20``."""
-    return epoch * (1 << 20) + tokens
+    """The call's 64-bit flag (the plain kernel's): ``epoch * TOKEN_SPACE + T``, with ``1 <= T < TOKEN_SPACE``."""
+    return epoch * TOKEN_SPACE + tokens
 
 
 def off_sentinel(word: int) -> int:

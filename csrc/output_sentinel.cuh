@@ -29,8 +29,8 @@ namespace {
 // if one word were stale with a coinciding half, either its LSE equals the new one (then the value is right) or
 // the words differ and the reader polls on until the new words land.
 //
-// The same rules in Python, checked on the host against every mix of old and new words: peerdcp/output/sentinel.py,
-// tests/test_sentinel_protocol.py.
+// The same rules in Python, checked on the host against every word a consumer can read (each LSE word the row's
+// last earlier write or this call's): peerdcp/output/sentinel.py, tests/test_sentinel_protocol.py.
 //
 // Why two slots suffice: A writes slot n%2 in call n after its call n-1 completed; call n-1 waited for
 // every vector and LSE of B's call n-1, which B published after its call n-2 - which consumed and reset

@@ -64,7 +64,8 @@ N_SETS = 4
 # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
 #        ll128_max_tokens (None: default)[, other TUNING overrides])
 KERNEL_VARIANTS = {
-    # the library default: LL <= 8, then the sentinel kernel (every CTA both to 64, 36 / 40 publisher CTAs above); PDL
+    # the library default: LL <= 8, then the sentinel kernel (every CTA both to 64, 40 publisher CTAs with 1 / 2
+    # loads in flight above); PDL
     "cuda": ("cuda", None, None, None),
     "cuda_nopdl": ("cuda", None, (), None),  # LL, then the plain kernel; no PDL
     "cuda_s8": ("cuda", None, ("pdl",), 48),  # the default of sessions 5-8: LL <= 8, LL128 (20, 48], plain; PDL
@@ -75,15 +76,17 @@ KERNEL_VARIANTS = {
     "cuda_chunked_split": ("cuda", None, ("chunked", "split_roles"), None),
     # the sentinel kernel above LL with every CTA both at every T, and with n publisher CTAs at every T
     "cuda_sentinel_u": ("cuda", None, None, None, {"cuda_sentinel_split": ()}),
+    # (suffix u1: 1 load in flight per publishing thread instead of 2)
     **{
-        f"cuda_sentinel_p{n}": (
+        f"cuda_sentinel_p{n}{'u1' if u == 1 else ''}": (
             "cuda",
             None,
             None,
             None,
-            {"cuda_sentinel_split": ((0, n),)},
+            {"cuda_sentinel_split": ((0, n, u),)},
         )
-        for n in (16, 24, 28, 30, 32, 34, 36, 40, 44, 48, 56, 64, 132)
+        for n in (16, 24, 28, 30, 32, 34, 36, 38, 40, 42, 44, 48, 56, 64, 132)
+        for u in (1, 2)
     },
     "cuda_plain": ("cuda", 0, ("pdl",), 0),
     "cuda_ll": ("cuda", "max", None, None),

@@ -62,6 +62,7 @@ struct OutputDirectParams {
                             // T the plain one; also the LL128 region's rows per (slot, source)
   int32_t sn_pub;           // with kOptSentinel: publisher CTAs [0, sn_pub), the others combine; 0 (or >= G):
                             // every CTA publishes, then combines (chosen per call from T by the host)
+  int32_t sn_loads;         // with kOptSentinel: 16-byte loads in flight per publishing thread, 1 or 2 (per call)
   int64_t sn_off;           // sentinel region: payload (see output_direct_sentinel_kernel)
   int64_t sn_lse_off;       // ... and its LSE words
   int64_t* dbg;             // diagnosis only (nullptr in every public path): sentinel kernel timeline, [G][4] int64

@@ -55,13 +55,6 @@ constexpr uint32_t kSentinelPair = 0xffffffffu;  // two 16-bit sentinels
 #define PEERDCP_OUTPUT_SN_COMB_UNROLL 2
 #endif
 constexpr int kSnCombUnroll = PEERDCP_OUTPUT_SN_COMB_UNROLL;
-// 16-byte loads in flight per publishing thread (kPubUnroll, 4, is the plain kernel's). Session 9 (H200 x 2, Kimi):
-// 2 with 36-40 publisher CTAs beat 4 with 32 (T = 128: 9.99 vs 10.74 us, T = 256: 16.97 vs 17.60); 1 and 3 lost at
-// T = 256. Build-time override for tuning sweeps only: PEERDCP_NVCC_EXTRA="-DPEERDCP_OUTPUT_SN_PUB_UNROLL=4"
-#ifndef PEERDCP_OUTPUT_SN_PUB_UNROLL
-#define PEERDCP_OUTPUT_SN_PUB_UNROLL 2
-#endif
-constexpr int kSnPubUnroll = PEERDCP_OUTPUT_SN_PUB_UNROLL;
 
 __device__ __forceinline__ bool has_sentinel(const uint4& v) {
   return (__vcmpeq2(v.x, kSentinelPair) | __vcmpeq2(v.y, kSentinelPair) | __vcmpeq2(v.z, kSentinelPair) |
@@ -78,42 +71,56 @@ struct SnGeo {
   uint32_t flo, fhi;  // this call's 64-bit LSE flag, low and high halves
 };
 
-// Publish blocks b0 + k*step (k < kSnPubUnroll): block b = (slab b / nd, destination index b % nd), slab s = vectors
-// [s*kBlock, (s+1)*kBlock) of the call's [T, H*D/8] slice; every load of the round before the first store.
-__device__ __forceinline__ void sn_publish(const OutputDirectParams& p, const SnGeo& g, int b0, int step) {
+// One publishing round of a thread: blocks b0 + k*step (k < U); block b = (slab b / nd, destination index b % nd),
+// slab s = vectors [s*kBlock, (s+1)*kBlock) of the call's [T, H*D/8] slice. Every load of a round is issued before
+// its first store. The loads do not depend on the epoch, so a CTA issues its first round before it has the epoch.
+template <int U>
+struct SnPubRound {
+  uint4 v[U];
+  int d[U], vec[U];  // d < 0: nothing to store
+};
+
+template <int U>
+__device__ __forceinline__ void sn_pub_load(const OutputDirectParams& p, const SnGeo& g, int b0, int step,
+                                            SnPubRound<U>& r) {
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
-  uint4 v[kSnPubUnroll];
-  int d[kSnPubUnroll], vec[kSnPubUnroll];
 #pragma unroll
-  for (int k = 0; k < kSnPubUnroll; ++k) {
+  for (int k = 0; k < U; ++k) {
     const int b = b0 + k * step;
-    d[k] = -1;
+    r.d[k] = -1;
     if (b < g.nb) {
       const int s = b / g.nd, dj = b - s * g.nd;
-      vec[k] = s * kBlock + threadIdx.x;
-      if (vec[k] < g.N) {
-        const int t = vec[k] / g.HV;
-        d[k] = dj + (dj >= g.rank);
-        v[k] = __ldg(src + t * g.WHV + int64_t(d[k]) * g.HV + (vec[k] - t * g.HV));
+      r.vec[k] = s * kBlock + threadIdx.x;
+      if (r.vec[k] < g.N) {
+        const int t = r.vec[k] / g.HV;
+        r.d[k] = dj + (dj >= g.rank);
+        r.v[k] = __ldg(src + t * g.WHV + int64_t(r.d[k]) * g.HV + (r.vec[k] - t * g.HV));
       }
     }
   }
+}
+
+template <int U>
+__device__ __forceinline__ void sn_pub_store(const OutputDirectParams& p, const SnGeo& g, const SnPubRound<U>& r) {
 #pragma unroll
-  for (int k = 0; k < kSnPubUnroll; ++k) {
-    if (d[k] >= 0) {
-      const uint4 w = make_uint4(off_sentinel(v[k].x), off_sentinel(v[k].y), off_sentinel(v[k].z),
-                                 off_sentinel(v[k].w));
-      reinterpret_cast<uint4*>(p.peer_base[d[k]] + p.sn_off)[g.my_row0 * g.HV + vec[k]] = w;  // weak store
+  for (int k = 0; k < U; ++k) {
+    if (r.d[k] >= 0) {
+      const uint4 w = make_uint4(off_sentinel(r.v[k].x), off_sentinel(r.v[k].y), off_sentinel(r.v[k].z),
+                                 off_sentinel(r.v[k].w));
+      reinterpret_cast<uint4*>(p.peer_base[r.d[k]] + p.sn_off)[g.my_row0 * g.HV + r.vec[k]] = w;  // weak store
     }
   }
 }
 
 // Combine slabs b0 + k*step (k < kSnCombUnroll): every load of the round is issued before the first poll; each
 // source's vector is waited for (bounded), combined, and set back to the sentinel. `dead`: sources this thread
-// gave up on (one timeout per source, not one per vector).
+// gave up on (one timeout per source, not one per vector). The per-source state is held for the W - 1 remote
+// sources only (remote j is source j + (j >= rank)): registers indexed by source would carry a dead entry for
+// the own rank, which at W = 2 doubles the state each load in flight holds.
 template <typename scalar_t, int WMAX>
 __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const SnGeo& g, int b0, int step, int64_t e,
                                            int& dead) {
+  constexpr int RMAX = WMAX - 1;
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
   uint4* in_pay = reinterpret_cast<uint4*>(p.peer_base[g.rank] + p.sn_off);
   const uint64_t* in_lse = reinterpret_cast<const uint64_t*>(p.peer_base[g.rank] + p.sn_lse_off);
@@ -122,13 +129,12 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
   bool valid[kSnCombUnroll];
   float own_l[kSnCombUnroll];
   uint4 own_v[kSnCombUnroll];
-  uint4 x[kSnCombUnroll][WMAX];
-  uint64_t c[kSnCombUnroll][WMAX], c2[kSnCombUnroll][WMAX];  // the two LSE words
+  uint4 x[kSnCombUnroll][RMAX];
+  uint64_t c[kSnCombUnroll][RMAX], c2[kSnCombUnroll][RMAX];  // the two LSE words
 #pragma unroll
   for (int k = 0; k < kSnCombUnroll; ++k) {
-    const int sl = b0 + k * step;
-    const int vec = sl * kBlock + threadIdx.x;
-    valid[k] = sl < g.nslab && vec < g.N;
+    const int vec = (b0 + k * step) * kBlock + threadIdx.x;
+    valid[k] = vec < g.N;
     t[k] = o[k] = h[k] = 0;
     if (!valid[k]) continue;
     t[k] = vec / HV;
@@ -137,34 +143,35 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
     own_l[k] = __ldg(p.partial_lse + int64_t(t[k]) * W * H + rank * H + h[k]);
     own_v[k] = __ldg(src + t[k] * g.WHV + int64_t(rank) * HV + o[k]);
 #pragma unroll
-    for (int s = 0; s < WMAX; ++s) {
-      if (s < W && s != rank) {
-        const int64_t row = int64_t(g.slot * W + s) * p.max_tokens + t[k];
-        x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
-        peerdcp::ld_volatile_v2u64(in_lse + (row * H + h[k]) * 2, c[k][s], c2[k][s]);
+    for (int j = 0; j < RMAX; ++j) {
+      if (j < W - 1) {
+        const int64_t row = int64_t(g.slot * W + j + (j >= rank)) * p.max_tokens + t[k];
+        x[k][j] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
+        peerdcp::ld_volatile_v2u64(in_lse + (row * H + h[k]) * 2, c[k][j], c2[k][j]);
       }
     }
   }
 #pragma unroll
   for (int k = 0; k < kSnCombUnroll; ++k) {
     if (!valid[k]) continue;
-    float l[WMAX];
+    float lr[RMAX];
 #pragma unroll
-    for (int s = 0; s < WMAX; ++s) {
-      if (s < W && s != rank) {
+    for (int j = 0; j < RMAX; ++j) {
+      if (j < W - 1) {
+        const int s = j + (j >= rank);
         const int64_t row = int64_t(g.slot * W + s) * p.max_tokens + t[k];
         const uint64_t* lw = in_lse + (row * H + h[k]) * 2;
         auto lse_here = [&]() {
-          return uint32_t(c[k][s] >> 32) == g.flo && uint32_t(c2[k][s] >> 32) == g.fhi &&
-                 uint32_t(c[k][s]) == uint32_t(c2[k][s]);
+          return uint32_t(c[k][j] >> 32) == g.flo && uint32_t(c2[k][j] >> 32) == g.fhi &&
+                 uint32_t(c[k][j]) == uint32_t(c2[k][j]);
         };
-        auto here = [&]() { return lse_here() && !has_sentinel(x[k][s]); };
+        auto here = [&]() { return lse_here() && !has_sentinel(x[k][j]); };
         if (!here() && !((dead >> s) & 1)) {
           const uint64_t t0 = peerdcp::global_timer_ns();
           int spins = 0;
           while (!here()) {
-            if (!lse_here()) peerdcp::ld_volatile_v2u64(lw, c[k][s], c2[k][s]);
-            if (has_sentinel(x[k][s])) x[k][s] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
+            if (!lse_here()) peerdcp::ld_volatile_v2u64(lw, c[k][j], c2[k][j]);
+            if (has_sentinel(x[k][j])) x[k][j] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
             if (!here() && ++spins == 64) {
               spins = 0;
               if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
@@ -176,25 +183,31 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
           }
         }
         const bool ok = here();
-        l[s] = ok ? __uint_as_float(uint32_t(c[k][s])) : -INFINITY;
+        lr[j] = ok ? __uint_as_float(uint32_t(c[k][j])) : -INFINITY;
         if (ok) in_pay[row * HV + o[k]] = make_uint4(kSentinelPair, kSentinelPair, kSentinelPair, kSentinelPair);
       }
     }
-    combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l, x[k], t[k], h[k], o[k] - h[k] * VH);
+    // back to source order (selects between two fixed registers; the combine's summation order is the other
+    // kernels')
+    float l[WMAX];
+    uint4 xs[WMAX];
+#pragma unroll
+    for (int s = 0; s < WMAX; ++s) {
+      const int lo = s > 0 ? s - 1 : 0, hi = s < RMAX ? s : RMAX - 1;
+      l[s] = s > rank ? lr[lo] : lr[hi];
+      xs[s] = s > rank ? x[k][lo] : x[k][hi];
+    }
+    combine_store<scalar_t, WMAX>(p, own_l[k], own_v[k], l, xs, t[k], h[k], o[k] - h[k] * VH);
   }
 }
 
-template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputDirectParams p) {
-  pdl_enter<kVar>();
+// One call of the sentinel kernel with U 16-byte loads in flight per publishing thread (the host picks U per call,
+// OutputDirectParams::sn_loads).
+template <typename scalar_t, int WMAX, int U>
+__device__ __forceinline__ void sn_run(const OutputDirectParams& p, int64_t* s_epoch, int* s_pub) {
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
-  __shared__ int64_t s_epoch;
-  __shared__ int s_pub;
-  advance_epoch(p, prog, &s_epoch);
-  if (tid == 0) s_pub = 1;
-  __syncthreads();
-  const int64_t e = s_epoch;
+  const int G = p.G;
   SnGeo g;
   g.W = p.W, g.H = p.H, g.rank = p.rank, g.T = p.T, g.VH = p.D >> 3;
   g.HV = g.H * g.VH;
@@ -203,12 +216,43 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
   g.nslab = (g.N + kBlock - 1) / kBlock;
   g.nd = g.W - 1;
   g.nb = g.nslab * g.nd;
+  // Roles (from the host's publisher count, not from the epoch): sn_pub == 0 (or >= G): every CTA publishes its
+  // blocks (round r of all CTAs = blocks [r*G*U, (r+1)*G*U): the slabs leave in order), then combines its slabs.
+  // Else CTAs [0, P) publish and CTAs [P, G) combine, each group in the order the blocks leave. A few CTAs
+  // saturate the link, and the combiners' loads do not queue behind their own CTA's remote stores (which back up
+  // while the link is busy), so the combine runs under the transfer. Measured (H200 x 2, Kimi, T = 256, 4 loads in
+  // flight per publisher thread): P = 32 of 264 CTAs 18.1 us; P = 24 / 40 / 48 / 64 / 132: 22.7 / 20.2 / 21.6 /
+  // 22.9 / 29.2 us; every CTA both: 22.7 us. The host picks P and U per call (TUNING["cuda_sentinel_split"]); the
+  // optimum is sharp and where the hardware places the CTAs is not controlled (bench/RESULTS.md, sessions 9-10).
+  const bool split = p.sn_pub > 0 && p.sn_pub < G;
+  const int P = split ? p.sn_pub : G, C = split ? G - P : G;
+  const bool publisher = !split || prog < P, combiner = !split || prog >= P;
+  const int ci = split ? prog - P : prog;
+  // LSE words: stored by the combiners (every CTA when all do both): they have nothing else to do until data
+  // lands, and the publishers start on the payload at once. Item i = (destination index, token, head).
+  const int n_lse = g.nd * g.T * g.H;
+  int li = combiner ? ci * kBlock + tid : n_lse;
+  auto lse_load = [&](int i, int& d, int& t, int& h) {
+    const int dj = i / (g.T * g.H);
+    const int r = i - dj * g.T * g.H;
+    t = r / g.H, h = r - t * g.H;
+    d = dj + (dj >= g.rank);
+    return __ldg(p.partial_lse + int64_t(t) * g.W * g.H + d * g.H + h);
+  };
+  // The first loads go out before the epoch is known (thread 0 fetches it meanwhile): neither depends on it.
+  int ld = 0, lt = 0, lh = 0;
+  float lv = li < n_lse ? lse_load(li, ld, lt, lh) : 0.f;
+  SnPubRound<U> r;
+  if (publisher) sn_pub_load<U>(p, g, prog, P, r);
+  advance_epoch(p, prog, s_epoch);
+  if (tid == 0) *s_pub = publisher;
+  __syncthreads();
+  const int64_t e = *s_epoch;
   g.slot = static_cast<int>(e & 1);
   g.my_row0 = int64_t(g.slot * g.W + g.rank) * p.max_tokens;
   const uint64_t fv = static_cast<uint64_t>(e * kTokenSpace + p.T);
   g.flo = static_cast<uint32_t>(fv);
   g.fhi = static_cast<uint32_t>(fv >> 32);
-  const int G = p.G;
   // diagnosis (scripts/diag/sentinel_timeline.py): [start, publish done, combine done, SM] per CTA, in ns
   auto stamp = [&](int k) {
     if (p.dbg == nullptr) return;
@@ -217,48 +261,43 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       p.dbg[prog * 4 + k] = static_cast<int64_t>(peerdcp::global_timer_ns());
-      p.dbg[prog * 4 + 3] = sm | (s_pub << 16);
+      p.dbg[prog * 4 + 3] = sm | (*s_pub << 16);
     }
   };
   stamp(0);
-
-  // ---- LSE words first, every CTA its share (few; they travel ahead of the vectors that need them)
-  const int n_lse = g.nd * g.T * g.H;
-  for (int i = prog * kBlock + tid; i < n_lse; i += G * kBlock) {
-    const int dj = i / (g.T * g.H);
-    const int r = i - dj * g.T * g.H;
-    const int t = r / g.H, h = r - (r / g.H) * g.H;
-    const int d = dj + (dj >= g.rank);
-    const float v = __ldg(p.partial_lse + int64_t(t) * g.W * g.H + d * g.H + h);
-    uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[d] + p.sn_lse_off) + ((g.my_row0 + t) * g.H + h) * 2;
-    peerdcp::st_volatile_v2u64(dl, (uint64_t(g.flo) << 32) | __float_as_uint(v), (uint64_t(g.fhi) << 32) | __float_as_uint(v));
+  while (li < n_lse) {
+    uint64_t* dl = reinterpret_cast<uint64_t*>(p.peer_base[ld] + p.sn_lse_off) + ((g.my_row0 + lt) * g.H + lh) * 2;
+    peerdcp::st_volatile_v2u64(dl, (uint64_t(g.flo) << 32) | __float_as_uint(lv),
+                               (uint64_t(g.fhi) << 32) | __float_as_uint(lv));
+    li += C * kBlock;
+    if (li < n_lse) lv = lse_load(li, ld, lt, lh);
   }
-  int dead = 0;
-  if (p.sn_pub == 0 || p.sn_pub >= G) {
-    // ---- every CTA: its blocks (round r of all CTAs = blocks [r*G*U, (r+1)*G*U): the slabs leave in order),
-    // then its slabs
-    for (int b0 = prog; b0 < g.nb; b0 += G * kSnPubUnroll) sn_publish(p, g, b0, G);
+  if (publisher) {
+    for (int b0 = prog;;) {
+      sn_pub_store<U>(p, g, r);
+      b0 += P * U;
+      if (b0 >= g.nb) break;
+      sn_pub_load<U>(p, g, b0, P, r);
+    }
     stamp(1);
-    for (int b0 = prog; b0 < g.nslab; b0 += G * kSnCombUnroll) sn_combine<scalar_t, WMAX>(p, g, b0, G, e, dead);
+  }
+  if (combiner) {
+    int dead = 0;
+    for (int b0 = ci; b0 < g.nslab; b0 += C * kSnCombUnroll) sn_combine<scalar_t, WMAX>(p, g, b0, C, e, dead);
     stamp(2);
-    return;
   }
-  // ---- split roles: CTAs [0, P) publish, CTAs [P, G) combine, each group in the order the blocks leave. A few
-  // CTAs saturate the link, and the combiners' loads do not queue behind their own CTA's remote stores (which
-  // back up while the link is busy), so the combine runs under the transfer. Measured (H200 x 2, Kimi, T = 256,
-  // 4 loads in flight per publisher thread): P = 32 of 264 CTAs 18.1 us; P = 24 / 40 / 48 / 64 / 132: 22.7 / 20.2
-  // / 21.6 / 22.9 / 29.2 us; every CTA both: 22.7 us. The host picks P per call (TUNING["cuda_sentinel_split"]);
-  // the optimum is sharp and where the hardware places the CTAs is not controlled (bench/RESULTS.md, session 9).
-  const int P = p.sn_pub, C = G - P;
-  if (prog < P) {
-    if (tid == 0) s_pub = 1;
-    for (int b0 = prog; b0 < g.nb; b0 += P * kSnPubUnroll) sn_publish(p, g, b0, P);
-    stamp(1);
-    return;
+}
+
+template <typename scalar_t, int WMAX, int kVar>
+__global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputDirectParams p) {
+  pdl_enter<kVar>();
+  __shared__ int64_t s_epoch;
+  __shared__ int s_pub;
+  if (p.sn_loads == 1) {
+    sn_run<scalar_t, WMAX, 1>(p, &s_epoch, &s_pub);
+  } else {
+    sn_run<scalar_t, WMAX, 2>(p, &s_epoch, &s_pub);
   }
-  if (tid == 0) s_pub = 0;
-  for (int b0 = prog - P; b0 < g.nslab; b0 += C * kSnCombUnroll) sn_combine<scalar_t, WMAX>(p, g, b0, C, e, dead);
-  stamp(2);
 }
 
 }  // namespace

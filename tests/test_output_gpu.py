@@ -23,13 +23,15 @@ def _pool(pools):
 
 
 # kernel variants: "cuda" (the default: LL protocol up to T = 8, then the sentinel kernel - every CTA publishing and
-# combining to T = 64, 36 / 40 publisher CTAs and the others combining above; PDL), "cuda_ll" (always LL), "cuda_plain"
+# combining to T = 64, 40 publisher CTAs (1 / 2 loads in flight) and the others combining above; PDL), "cuda_ll"
+# (always LL), "cuda_plain"
 # (the plain kernel at every T: no LL, no sentinel), "cuda_nopdl" (LL and the plain kernel, no PDL),
 # "cuda_ll128_32" (the default with an LL128 band (20, 32]), "cuda_ll128" (LL up to the threshold, then LL128:
 # TUNING cuda_opts ("ll128",)), "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same
 # with cuda_opts ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")), "cuda_sentinel" (the sentinel
 # kernel above LL with every CTA both at every T), "cuda_sentinel_only" (the same at every T, no LL),
-# "cuda_sentinel_split" (split roles at every T, 36 publishers, no LL), "triton" (the Triton twin)
+# "cuda_sentinel_split" (split roles at every T, 36 publishers with 2 loads in flight, no LL), "triton" (the Triton
+# twin)
 VARIANTS = {
     "cuda": ("cuda", None),
     "cuda_ll": ("cuda", "max"),
@@ -63,7 +65,7 @@ OPTS = {
     "cuda_sentinel_split": {
         "cuda_opts": ("pdl", "sentinel"),
         "cuda_sentinel_min_tokens": 0,
-        "cuda_sentinel_split": ((0, 36),),
+        "cuda_sentinel_split": ((0, 36, 2),),
     },
 }  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl", "sentinel")), or TUNING entries (a dict)
 # ll128_max_tokens of a variant (absent: the default, 0 = off)

@@ -162,41 +162,51 @@ def test_sentinel_bit_chosen_per_call_from_T():
         head_dim=512, max_tokens=64, programs=4, heads_per_unit=4, lse_off=256, payload_off=512, timeout_ns=10**9,
         base2=False, dtype=torch.bfloat16, mech=1, device=0, ll_max_tokens=8, opts=pdl | ll128 | sn, ll128_off=1024,
         ll128_max_tokens=48, ll128_min_tokens=20, sn_off=4096, sn_lse_off=8192, sn_min_tokens=48,
-        sn_split=((56, 32), (60, 40)),
+        sn_split=((56, 32, 1), (60, 40, 2)),
     )  # fmt: skip
     assert (launcher._p.sn_off, launcher._p.sn_lse_off) == (4096, 8192)
     cases = (
-        (1, pdl, 0),
-        (21, pdl | ll128, 0),
-        (48, pdl | ll128, 0),
-        (49, pdl | ll128 | sn, 0),
-        (57, pdl | ll128 | sn, 32),
-        (61, pdl | ll128 | sn, 40),
+        (1, pdl, 0, 2),
+        (21, pdl | ll128, 0, 2),
+        (48, pdl | ll128, 0, 2),
+        (49, pdl | ll128 | sn, 0, 2),
+        (57, pdl | ll128 | sn, 32, 1),
+        (61, pdl | ll128 | sn, 40, 2),
     )
-    for T, want, pub in cases:
+    for T, want, pub, loads in cases:
         x = torch.zeros(T, 32, 512, dtype=torch.bfloat16)
         with pytest.raises((AssertionError, ValueError, RuntimeError)):  # CPU tensors: no CUDA stream
             launcher(x, torch.zeros(T, 32), torch.zeros(T, 16, 512, dtype=torch.bfloat16), None)
-        assert (launcher._p.T, launcher._p.opts, launcher._p.sn_pub) == (T, want, pub)
+        assert (launcher._p.T, launcher._p.opts, launcher._p.sn_pub, launcher._p.sn_loads) == (T, want, pub, loads)
 
 
 def test_sentinel_split_table_in_bytes():
-    """The default table splits the Kimi geometry (16 KiB per token) above T = 64 and switches at T = 192; a
-    32-head geometry (32 KiB per token) at half those T; a publisher count >= the grid means no split."""
-    assert R.TUNING["cuda_sentinel_split"] == ((1 << 20, 36), (3 << 20, 40))
-    assert R.sentinel_split_tokens(R.TUNING["cuda_sentinel_split"], 16 * 512 * 2, 264) == ((64, 36), (192, 40))
-    assert R.sentinel_split_tokens(R.TUNING["cuda_sentinel_split"], 32 * 512 * 2, 264) == ((32, 36), (96, 40))
-    assert R.sentinel_split_tokens(((0, 36), (100, 300)), 1000, 264) == ((0, 36), (0, 0))
+    """The default table splits the Kimi geometry (16 KiB per token) above T = 64 and switches at T = 160 and 224;
+    a 32-head geometry (32 KiB per token) at half those T; a publisher count >= the grid means no split."""
+    table = R.TUNING["cuda_sentinel_split"]
+    assert table == ((1 << 20, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2))
+    assert R.sentinel_split_tokens(table, 16 * 512 * 2, 264) == ((64, 40, 1), (160, 36, 2), (224, 40, 2))
+    assert R.sentinel_split_tokens(table, 32 * 512 * 2, 264) == ((32, 40, 1), (80, 36, 2), (112, 40, 2))
+    assert R.sentinel_split_tokens(((0, 36, 1), (100, 300, 2)), 1000, 264) == ((0, 36, 1), (0, 0, 2))
     for T in range(1, 300):  # T > b // k  <=>  T * k > b
         for b in (0, 1, 999, 1000, 1001, 65536, 1 << 20):
-            threshold = R.sentinel_split_tokens(((b, 1),), 1000, 8)[0][0]
+            threshold = R.sentinel_split_tokens(((b, 1, 2),), 1000, 8)[0][0]
             assert (threshold < T) is (b < T * 1000)
 
 
 def test_sentinel_tuning_validated_on_every_rank(pools):
     bad_values = {
         "cuda_sentinel_min_tokens": (-1, "4", True),
-        "cuda_sentinel_split": (5, ((64,),), ((64, -1),), ((64, 36), (32, 40)), ((8, True),)),
+        "cuda_sentinel_split": (
+            5,
+            ((64,),),
+            ((64, 36),),
+            ((64, -1, 2),),
+            ((64, 36, 2), (32, 40, 2)),
+            ((8, True, 2),),
+            ((8, 36, 3),),
+            ((8, 36, 0),),
+        ),
     }
     for key, bads in bad_values.items():
         for bad in bads:
@@ -224,10 +234,10 @@ OPT_SETS = [
     ("chunked", "split_roles"),
     ("sentinel", "pdl"),  # the default: every T above LL (split roles above 1 MiB per slice, Kimi T = 64)
     {"cuda_opts": ("sentinel",), "cuda_sentinel_min_tokens": 0},  # every T above the LL range
-    {  # the publisher count switches at T = 100 (Kimi: 16 KiB per token)
+    {  # the publisher count and loads in flight switch at T = 100 (Kimi: 16 KiB per token)
         "cuda_opts": ("sentinel", "pdl"),
         "cuda_sentinel_min_tokens": 0,
-        "cuda_sentinel_split": ((0, 36), (100 << 14, 40)),
+        "cuda_sentinel_split": ((0, 36, 1), (100 << 14, 40, 2)),
     },
     {"cuda_opts": ("sentinel", "pdl"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ()},
 ]

@@ -85,6 +85,7 @@ class OutputDirectParams(ctypes.Structure):
         ("opts", ctypes.c_int32),
         ("ll128_max_tokens", ctypes.c_int32),
         ("sn_pub", ctypes.c_int32),
+        ("sn_loads", ctypes.c_int32),
         ("sn_off", ctypes.c_int64),
         ("sn_lse_off", ctypes.c_int64),
         ("dbg", ctypes.c_void_p),  # diagnosis only (scripts/diag/sentinel_timeline.py); None everywhere else
@@ -166,10 +167,11 @@ class DirectLauncher:
         # Per-call bits, decided from T alone (the same on every rank): calls with T <= ll128_min_tokens run
         # without the LL128 bit (the LL128 band is (max(ll_max_tokens, ll128_min_tokens), ll128_max_tokens]),
         # calls with T <= sn_min_tokens without the sentinel bit; sentinel calls split the CTAs into n publishers
-        # and combiners (sn_pub = n) for the last (t, n) of sn_split with T > t, else every CTA does both (0).
+        # and combiners (sn_pub = n) with u loads in flight per publishing thread (sn_loads) for the last (t, n, u)
+        # of sn_split with T > t, else every CTA does both (0) with 2 loads in flight.
         self._opts = opts
         self._ll128_min, self._sn_min = ll128_min_tokens, sn_min_tokens
-        self._sn_split = tuple((int(t), int(n)) for t, n in sn_split)
+        self._sn_split = tuple((int(t), int(n), int(u)) for t, n, u in sn_split)
         self._device = ctypes.c_int(device)
         p = OutputDirectParams()
         for i, a in enumerate(peer_addrs):
@@ -205,11 +207,11 @@ class DirectLauncher:
         if tokens <= self._sn_min:
             opts &= ~OPTS["sentinel"]
         p.opts = opts
-        pub = 0
-        for t, n in self._sn_split:
+        pub, loads = 0, 2
+        for t, n, u in self._sn_split:
             if tokens > t:
-                pub = n
-        p.sn_pub = pub
+                pub, loads = n, u
+        p.sn_pub, p.sn_loads = pub, loads
         stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
@@ -308,7 +310,7 @@ def output_direct(
         sn_off=sn_off,
         sn_lse_off=sn_lse_off,
         sn_min_tokens=sn_min_tokens,
-        sn_split=tuple(zip(sn_split[::2], sn_split[1::2])) if sn_split else (),
+        sn_split=tuple(zip(sn_split[::3], sn_split[1::3], sn_split[2::3])) if sn_split else (),
     )
     launcher(partial_out, partial_lse, out, out_lse if return_lse else None)
 

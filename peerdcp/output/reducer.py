@@ -87,15 +87,16 @@ TUNING = {
     "cuda_opts": ("pdl", "sentinel"),
     # With "sentinel": calls with T > this use the sentinel kernel (LL and an LL128 band take precedence).
     "cuda_sentinel_min_tokens": 0,
-    # With "sentinel": ((b, n), ...), b increasing: a call whose slice per destination (T * H * D * element bytes)
-    # exceeds b (the last such pair) splits the CTAs - the first n publish, the others combine, so the combine
-    # runs under the transfer; a call at or below the first b lets every CTA publish its share, then combine
-    # its share. Session 9 (bench/RESULTS.md; Kimi, 16 KiB per token; 2 publish loads in flight per thread):
-    # every CTA both is fastest to T = 64 (1 MiB), 36 publishers to T = 192 (3 MiB; T = 128: 9.99 us, 32 or 40
-    # publishers 10.4 / 10.6), 40 above (T = 256: 16.97 us; 36 / 44: 18.1 / 17.4). In bytes, not tokens, on the
-    # assumption that the link, not the head count, sets the optimum (unmeasured for other geometries).
-    # () = never split.
-    "cuda_sentinel_split": ((1 << 20, 36), (3 << 20, 40)),
+    # With "sentinel": ((b, n, u), ...), b increasing: a call whose slice per destination (T * H * D * element
+    # bytes) exceeds b (the last such entry) splits the CTAs - the first n publish, with u (1 or 2) 16-byte loads
+    # in flight per thread, the others combine, so the combine runs under the transfer; a call at or below the
+    # first b lets every CTA publish its share (2 loads in flight), then combine its share. Sessions 9-10
+    # (bench/RESULTS.md; Kimi, 16 KiB per token): every CTA both is fastest to T = 64 (1 MiB); above, 40
+    # publishers with 1 load in flight to T = 160 (2.5 MiB; T = 128: 9.84-9.92 vs 10.33 us with 36 x 2), 36 with
+    # 2 to T = 224 (T = 192: 13.44 us; 40 x 2: 14.61), 40 with 2 above (T = 256: 16.9 us; 36 x 2: 17.5). The
+    # optimum is sharp in n. In bytes, not tokens, on the assumption that the link, not the head count, sets it
+    # (unmeasured for other geometries). () = never split.
+    "cuda_sentinel_split": ((1 << 20, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2)),
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)
@@ -132,20 +133,23 @@ def sentinel_split_tokens(table, bytes_per_token: int, programs: int) -> tuple:
     """``TUNING["cuda_sentinel_split"]`` (slice-byte thresholds) as the launcher's token thresholds:
     ``T > b // bytes_per_token`` exactly when ``T * bytes_per_token > b``; a publisher count of at least the
     grid (``programs``) means every CTA publishes and combines (0)."""
-    return tuple((b // bytes_per_token, n if n < programs else 0) for b, n in table)
+    return tuple((b // bytes_per_token, n if n < programs else 0, u) for b, n, u in table)
 
 
 def _split_table_ok(table) -> bool:
-    """``TUNING["cuda_sentinel_split"]``: a tuple of (T threshold, publisher CTAs) int pairs, thresholds increasing."""
+    """``TUNING["cuda_sentinel_split"]``: a tuple of (byte threshold, publisher CTAs, loads in flight) int
+    triples, thresholds increasing, loads 1 or 2."""
     if not isinstance(table, (tuple, list)):
         return False
     last = -1
-    for pair in table:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+    for entry in table:
+        if not isinstance(entry, (tuple, list)) or len(entry) != 3:
             return False
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in pair) or pair[0] <= last:
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in entry) or entry[0] <= last:
             return False
-        last = pair[0]
+        if entry[2] not in (1, 2):
+            return False
+        last = entry[0]
     return True
 
 
@@ -277,11 +281,11 @@ class OutputReducer:
             problems.append((ValueError, f"TUNING['cuda_sentinel_min_tokens'] must be an int >= 0, got {sn[0]!r}"))
         if not _split_table_ok(sn[1]):
             problems.append(
-                (ValueError, "TUNING['cuda_sentinel_split'] must be ((T, publishers), ...) ints >= 0 with T "
-                 f"increasing, got {sn[1]!r}")
+                (ValueError, "TUNING['cuda_sentinel_split'] must be ((bytes, publishers, loads), ...) ints >= 0 "
+                 f"with bytes increasing and loads 1 or 2, got {sn[1]!r}")
             )  # fmt: skip
             sn = (sn[0], ())
-        sn = (sn[0], tuple(tuple(pair) for pair in sn[1]))
+        sn = (sn[0], tuple(tuple(entry) for entry in sn[1]))
         if "sentinel" not in cuda_opts or not isinstance(sn[0], int) or sn[0] >= max_tokens:
             sn = None  # no call would use it
         if l128 and l128 * K.ll128_lines(heads_per_rank, head_dim) * 8 * info.world_size >= 2**31:
@@ -435,7 +439,9 @@ class OutputReducer:
             lo = max(self._sn_min, self.ll_max_tokens)
             self.reason += f", sentinel kernel for T > {lo}"
             if self._sn_split:
-                self.reason += " (publisher CTAs " + ", ".join(f"{n} for T > {t}" for t, n in self._sn_split) + ")"
+                self.reason += (
+                    " (publisher CTAs " + ", ".join(f"{n} x {u} loads for T > {t}" for t, n, u in self._sn_split) + ")"
+                )
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
@@ -592,7 +598,7 @@ class OutputReducer:
                     self.max_tokens, L.lse_off, L.payload_off, self._timeout_ns, self._base2,
                     out_lse is not None, self._mech, L.ll_off, self.ll_max_tokens, self._opts_mask, L.ll128_off,
                     self.ll128_max_tokens, self._ll128_min, L.sn_off, L.sn_lse_off, self._sn_min,
-                    [x for pair in self._sn_split for x in pair],
+                    [x for entry in self._sn_split for x in entry],
                 )  # fmt: skip
             else:
                 self._launch_cuda(po, pl, out, out_lse)

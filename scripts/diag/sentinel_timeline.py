@@ -22,7 +22,7 @@ import torch
 def _variants(publishers: list[int]) -> dict:
     return {
         ("unified" if n == 0 else f"split-{n}"): {
-            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ((0, n),),
+            "cuda_opts": ("pdl", "sentinel"), "cuda_sentinel_min_tokens": 0, "cuda_sentinel_split": ((0, n, 2),),
         }
         for n in publishers
     }  # fmt: skip

@@ -362,8 +362,9 @@ extern "C" int peerdcp_output_direct(const void* params, void* stream, int devic
       p->D % 8 != 0 || p->heads_per_unit < 1 || p->T > p->max_tokens || p->ll_max_tokens > p->max_tokens ||
       (p->stages & ~kStagesAll) != 0 || (p->opts & ~kOptsAll) != 0 ||
       (p->stages != 0 && (p->opts & (kOptEarlyLoad | kOptPdl | kOptLL128 | kOptChunked | kOptSentinel)) != 0) ||
-      ((p->opts & kOptSentinel) != 0 && ((p->opts & (kOptTightGrid | kOptChunked)) != 0 || p->sn_pub < 0 || p->sn_loads < 1 || p->sn_loads > 2 ||
-                                         int64_t(p->T) * p->H * (p->D >> 3) >= (int64_t(1) << 31))) ||
+      ((p->opts & kOptSentinel) != 0 &&
+       ((p->opts & (kOptTightGrid | kOptChunked)) != 0 || p->sn_pub < 0 || p->sn_loads < 1 || p->sn_loads > 2 ||
+        int64_t(p->T) * p->H * (p->D >> 3) >= (int64_t(1) << 31))) ||
       ((p->opts & kOptChunked) != 0 && (p->opts & (kOptLL128 | kOptEarlyLoad)) != 0) ||
       ((p->opts & kOptSplit) != 0 && (p->opts & kOptChunked) == 0) ||
       ((p->opts & kOptLL128) != 0 && ((p->opts & kOptTightGrid) != 0 || !ll128_fits(*p)))) {

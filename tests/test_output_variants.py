@@ -115,9 +115,13 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     assert rc(0, ops.OPTS["chunked"] | ops.OPTS["early_load"]) == invalid
     assert rc(0, ops.OPTS["split_roles"]) == invalid  # split_roles needs chunked
     assert rc(0, 128) == invalid  # an unknown bit
-    p.sn_pub = -1
+    p.sn_pub, p.sn_loads = -1, 2
     assert rc(0, ops.OPTS["sentinel"]) == invalid
     p.sn_pub = 0
+    for loads in (0, 3):  # 1 or 2 loads in flight per publishing thread
+        p.sn_loads = loads
+        assert rc(0, ops.OPTS["sentinel"]) == invalid
+    p.sn_loads = 2
     assert rc(0, ops.OPTS["sentinel"] | ops.OPTS["tight_grid"]) == invalid
     assert rc(0, ops.OPTS["sentinel"] | ops.OPTS["chunked"]) == invalid
     assert rc(ops.STAGE_SKIP_SYNC, ops.OPTS["sentinel"]) == invalid

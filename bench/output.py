@@ -64,7 +64,7 @@ N_SETS = 4
 # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
 #        ll128_max_tokens (None: default)[, other TUNING overrides])
 KERNEL_VARIANTS = {
-    # the library default: LL <= 8, then the sentinel kernel (every CTA both to 64, 40 publisher CTAs with 1 / 2
+    # the library default: LL <= 8, then the sentinel kernel (every CTA both to 16, 36-44 publisher CTAs with 1 / 2
     # loads in flight above); PDL
     "cuda": ("cuda", None, None, None),
     "cuda_nopdl": ("cuda", None, (), None),  # LL, then the plain kernel; no PDL

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multigpu
 
 NCCL = "cpu:gloo,cuda:nccl"
 KIMI = dict(heads_per_rank=16, head_dim=512)
-TS = [1, 2, 7, 24, 32, 64, 128, 256]  # LL (<= 8), sentinel (every CTA both to 64, split roles above)
+TS = [1, 2, 7, 16, 24, 32, 64, 128, 256]  # default: LL (<= 8), sentinel (every CTA both to 16, split roles above)
 
 
 def _pool(pools):
@@ -23,7 +23,7 @@ def _pool(pools):
 
 
 # kernel variants: "cuda" (the default: LL protocol up to T = 8, then the sentinel kernel - every CTA publishing and
-# combining to T = 64, 40 publisher CTAs (1 / 2 loads in flight) and the others combining above; PDL), "cuda_ll"
+# combining to T = 16, 36-44 publisher CTAs (1 / 2 loads in flight) and the others combining above; PDL), "cuda_ll"
 # (always LL), "cuda_plain"
 # (the plain kernel at every T: no LL, no sentinel), "cuda_nopdl" (LL and the plain kernel, no PDL),
 # "cuda_ll128_32" (the default with an LL128 band (20, 32]), "cuda_ll128" (LL up to the threshold, then LL128:

@@ -185,12 +185,14 @@ def test_sentinel_bit_chosen_per_call_from_T():
 
 
 def test_sentinel_split_table_in_bytes():
-    """The default table splits the Kimi geometry (16 KiB per token) above T = 64 and switches at T = 160 and 224;
-    a 32-head geometry (32 KiB per token) at half those T; a publisher count >= the grid means no split."""
+    """The default table splits the Kimi geometry (16 KiB per token) above T = 16 and switches at T = 160, 224
+    and 384; a 32-head geometry (32 KiB per token) at half those T; a publisher count >= the grid means no
+    split."""
     table = R.TUNING["cuda_sentinel_split"]
-    assert table == ((1 << 20, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2))
-    assert R.sentinel_split_tokens(table, 16 * 512 * 2, 264) == ((64, 40, 1), (160, 36, 2), (224, 40, 2))
-    assert R.sentinel_split_tokens(table, 32 * 512 * 2, 264) == ((32, 40, 1), (80, 36, 2), (112, 40, 2))
+    assert table == ((1 << 18, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2), (3 << 21, 44, 2))
+    kimi = ((16, 40, 1), (160, 36, 2), (224, 40, 2), (384, 44, 2))
+    assert R.sentinel_split_tokens(table, 16 * 512 * 2, 264) == kimi
+    assert R.sentinel_split_tokens(table, 32 * 512 * 2, 264) == tuple((t // 2, n, u) for t, n, u in kimi)
     assert R.sentinel_split_tokens(((0, 36, 1), (100, 300, 2)), 1000, 264) == ((0, 36, 1), (0, 0, 2))
     for T in range(1, 300):  # T > b // k  <=>  T * k > b
         for b in (0, 1, 999, 1000, 1001, 65536, 1 << 20):

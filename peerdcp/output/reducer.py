@@ -90,13 +90,14 @@ TUNING = {
     # With "sentinel": ((b, n, u), ...), b increasing: a call whose slice per destination (T * H * D * element
     # bytes) exceeds b (the last such entry) splits the CTAs - the first n publish, with u (1 or 2) 16-byte loads
     # in flight per thread, the others combine, so the combine runs under the transfer; a call at or below the
-    # first b lets every CTA publish its share (2 loads in flight), then combine its share. Sessions 9-10
-    # (bench/RESULTS.md; Kimi, 16 KiB per token): every CTA both is fastest to T = 64 (1 MiB); above, 40
-    # publishers with 1 load in flight to T = 160 (2.5 MiB; T = 128: 9.84-9.92 vs 10.33 us with 36 x 2), 36 with
-    # 2 to T = 224 (T = 192: 13.44 us; 40 x 2: 14.61), 40 with 2 above (T = 256: 16.9 us; 36 x 2: 17.5). The
-    # optimum is sharp in n. In bytes, not tokens, on the assumption that the link, not the head count, sets it
-    # (unmeasured for other geometries). () = never split.
-    "cuda_sentinel_split": ((1 << 20, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2)),
+    # first b lets every CTA publish its share (2 loads in flight), then combine its share. Session 10
+    # (bench/RESULTS.md; Kimi, 16 KiB per token): every CTA both to T = 16 (256 KiB; at T = 24-64 40 x 1 is
+    # 5-10 % faster: T = 64 6.93 vs 7.62 us); 40 publishers with 1 load in flight to T = 160 (2.5 MiB; T = 128:
+    # 9.84-9.92 vs 10.33 us with 36 x 2), 36 with 2 to T = 224 (T = 192: 13.44 us; 40 x 2: 14.61), 40 with 2 to
+    # 6 MiB (T = 256: 16.9-17.1 us; 36 x 2: 17.5), 44 with 2 above (8 MiB: 29.4 vs 31.2 us with 40 x 2). The
+    # optimum is sharp in n. In bytes, not tokens: DeepSeek's 32 heads/rank measured the same time as Kimi at the
+    # same bytes (4 MiB: 17.03 / 17.03 us; 8 MiB: 29.37 / 29.44 with 44 x 2). () = never split.
+    "cuda_sentinel_split": ((1 << 18, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2), (3 << 21, 44, 2)),
 }
 
 # = peerdcp.output.ops.OPTS (not imported from there: ops loads the CUDA build)

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __g
   __syncthreads();
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);
-  const int64_t fv = e * kTokenSpace + p.T;
+  const int64_t fv = call_flag(e, p.T);
   const int W = g.W, H = g.H, rank = g.rank;
   const int NC = g.NC, UV = g.UV, VH = g.VH;
   const int64_t HV = g.HV, WHV = g.WHV;

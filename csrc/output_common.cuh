@@ -26,6 +26,9 @@ constexpr int kBlock = 256;     // threads per CTA
 constexpr int kPubUnroll = PEERDCP_OUTPUT_PUB_UNROLL;    // 16-byte loads in flight per thread while publishing
 constexpr int kCombUnroll = PEERDCP_OUTPUT_COMB_UNROLL;  // output vectors per thread per combine round
 constexpr int64_t kTokenSpace = int64_t(1) << 20;
+// The 64-bit flag of call `e` with T tokens, the same in every protocol: a peer that called with another T never
+// matches (its wait times out instead of combining rows of another shape). T < kTokenSpace (host check).
+__device__ __forceinline__ int64_t call_flag(int64_t e, int T) { return e * kTokenSpace + T; }
 
 // `stages` bits (benchmark-only breakdown; mirrors peerdcp/output/ops.py STAGE_*)
 constexpr int kSkipPayload = 1, kSkipLse = 2, kSkipSync = 4, kSkipCombine = 8, kStageEmpty = 16,

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
           }
           if (!ready) {  // timed out: this source counts as empty; the host raises at the next call
             dead |= 1 << s;
-            peerdcp::report_timeout(p.err, rank, s, p.mech, e * kTokenSpace + p.T);
+            peerdcp::report_timeout(p.err, rank, s, p.mech, call_flag(e, p.T));
           }
         }
         l[s] = ready ? __uint_as_float(c.x) : -INFINITY;
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __
   __syncthreads();
   const int64_t e = s_epoch;
   const int slot = static_cast<int>(e & 1);
-  const int64_t fv = e * kTokenSpace + p.T;
+  const int64_t fv = call_flag(e, p.T);
   const uint32_t flo = static_cast<uint32_t>(fv), fhi = static_cast<uint32_t>(static_cast<uint64_t>(fv) >> 32);
   const uint32_t f = static_cast<uint32_t>(2 * e + 1);
   const int W = p.W, H = p.H, rank = p.rank, T = p.T, PW = g.PW, NL = g.NL;

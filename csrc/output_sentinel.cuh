@@ -179,7 +179,7 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
           }
           if (!here()) {  // timed out: this source counts as empty; the host raises at the next call
             dead |= 1 << s;
-            peerdcp::report_timeout(p.err, rank, s, p.mech, e * kTokenSpace + g.T);
+            peerdcp::report_timeout(p.err, rank, s, p.mech, call_flag(e, g.T));
           }
         }
         const bool ok = here();
@@ -250,7 +250,7 @@ __device__ __forceinline__ void sn_run(const OutputDirectParams& p, int64_t* s_e
   const int64_t e = *s_epoch;
   g.slot = static_cast<int>(e & 1);
   g.my_row0 = int64_t(g.slot * g.W + g.rank) * p.max_tokens;
-  const uint64_t fv = static_cast<uint64_t>(e * kTokenSpace + p.T);
+  const uint64_t fv = static_cast<uint64_t>(call_flag(e, p.T));
   g.flo = static_cast<uint32_t>(fv);
   g.fhi = static_cast<uint32_t>(fv >> 32);
   // diagnosis (scripts/diag/sentinel_timeline.py): [start, publish done, combine done, SM] per CTA, in ns

@@ -434,7 +434,7 @@ class OutputReducer:
         # sentinel kernel: calls with T > sn_min; split roles by the table (publishers >= G: every CTA both)
         self._sn = choice == "cuda" and sentinel is not None
         self._sn_min, self._sn_split = sentinel if self._sn else (0, ())
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.dtype).element_size()  # bytes per element: split table and layout
         self._sn_split = sentinel_split_tokens(self._sn_split, self.heads * self.head_dim * elem, G)
         if self._sn:
             lo = max(self._sn_min, self.ll_max_tokens)
@@ -446,7 +446,6 @@ class OutputReducer:
         if self.cuda_opts:
             self.reason += f", kernel variants {'+'.join(self.cuda_opts)}"
 
-        elem = torch.empty((), dtype=self.dtype).element_size()
         self._layout = K.InboxLayout(
             W, G, self.max_tokens, self.heads, self.head_dim, elem, self.ll_max_tokens,
             ll128_tokens=self.ll128_max_tokens, sn_tokens=self.max_tokens if self._sn else 0,

@@ -59,11 +59,11 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
                 )
             )
     # TUNING variants (read at construction): PDL never / at every T; each flag-in-data protocol of the push
-    # (LL, LL12, LL128: gather.TUNING) never / at every T; none (the fenced push at every T); the LL push
+    # (LL, SN, LL12, LL128: gather.TUNING) never / at every T; none (the fenced push at every T); the LL push
     # without its early first load; the grid at 1, 3 and 4 blocks per SM
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     big = 1 << 40
-    off = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
+    off = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0, "cuda_sn_max_bytes": 0}
     v.append(("direct-cuda-auto-vmm-nopdl", dict(cu, tuning={"cuda_pdl_max_tokens": 0})))
     v.append(("direct-cuda-auto-vmm-allpdl", dict(cu, tuning={"cuda_pdl_max_tokens": 1 << 30})))
     v.append(("direct-cuda-auto-vmm-noll", dict(cu, tuning={"cuda_ll_max_bytes": 0})))
@@ -72,11 +72,16 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v.append(("direct-cuda-auto-vmm-allll12", dict(cu, tuning=dict(off, cuda_ll12_max_bytes=big))))
     v.append(("direct-cuda-auto-vmm-allll128", dict(cu, tuning=dict(off, cuda_ll128_max_bytes=big))))
     v.append(("direct-cuda-auto-vmm-plain", dict(cu, tuning=off)))
+    # the sentinel push (FP8): at every T; above the LL bound (LL12 never reached); the first at 4 blocks / SM
+    v.append(("direct-cuda-auto-vmm-allsn", dict(cu, tuning=dict(off, cuda_sn_max_bytes=big))))
+    v.append(("direct-cuda-auto-vmm-sn", dict(cu, tuning={"cuda_sn_max_bytes": big})))
+    v.append(("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0})))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     # grid size: 1, 3 and 4 blocks per SM (default 2)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 1
     for n in (1, 3, 4):
         v.append((f"direct-cuda-auto-vmm-p{n}", dict(cu, num_programs=n * sms)))
+    v.append(("direct-cuda-auto-vmm-allsn-p4", dict(cu, num_programs=4 * sms, tuning=dict(off, cuda_sn_max_bytes=big))))
     if quick:
         keep = {
             "direct-cuda-auto-vmm",

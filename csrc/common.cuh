@@ -63,6 +63,17 @@ __device__ __forceinline__ uint2 ld_volatile_v2(const uint2* p) {
   return v;
 }
 
+// One 64-bit word, single-copy atomic (the sentinel push: a reader sees the old or the new 8 bytes).
+__device__ __forceinline__ void st_volatile_u64(uint64_t* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Two 64-bit elements in one 16-byte access: each element is single-copy atomic (not the pair).
 __device__ __forceinline__ void st_volatile_v2u64(uint64_t* p, uint64_t a, uint64_t b) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");

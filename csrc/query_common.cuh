@@ -19,12 +19,13 @@ constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
 constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kPushLL12 = 6;
+constexpr int kPushSN = 7;  // the sentinel push (query_lines.cuh), FP8 output only
 constexpr int kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
-// peer's slot (PUSH), our region of every peer's LL area (PUSH_LL).
-constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3;
+// peer's slot (PUSH), our region of every peer's LL area (PUSH_LL) or sentinel area (PUSH_SN).
+constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3, kPubPeersSN = 4;
 constexpr int kModePdl = 8;     // `mode` bit: launch with programmatic dependent launch (query_direct.cu)
-constexpr int kModeEarly = 16;  // `mode` bit: PUSH_LL loads its first round of inputs before the barrier
+constexpr int kModeEarly = 16;  // `mode` bit: PUSH_LL / PUSH_SN load their first round of inputs before the barrier
 constexpr int kModeBits = kModePdl | kModeEarly;
 
 struct Peers {
@@ -50,7 +51,8 @@ struct Params {
   int64_t max_tokens, data_off, slot_bytes;
   int64_t ll_off, ll_max_tokens;  // PUSH_LL area: [2 parity][W src][ll_max_tokens][H][2 * D * osize] bytes
   int64_t ll128_off, ll128_lines; // PUSH_LL128 area: [2 parity][W src][ll128_lines] 128-byte lines
-  int early;                      // PUSH_LL: load the first round of inputs before the epoch / cos-sin barrier
+  int early;                      // PUSH_LL / _SN: load the first round of inputs before the epoch / cos-sin barrier
+  int64_t sn_off, sn_max_tokens;  // PUSH_SN area: [2 parity][W src][sn_max_tokens][H][D] FP8 bytes, at rest 0xFF
 };
 
 // Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.
@@ -114,6 +116,21 @@ __device__ __forceinline__ int64_t push_region(const Params& a, int osize) {
 // 8-byte {data, flag} word is seen whole, so a reader that sees both flags of a line sees its data).
 __device__ __forceinline__ int64_t ll_region(const Params& a, int par, int src, int osize) {
   return a.ll_off + (int64_t)(par * a.W + src) * a.ll_max_tokens * a.H * 2 * (int64_t)(a.NOPE + a.ROPE) * osize;
+}
+
+// PUSH_SN: the rest state of every 8-byte word of the sentinel area - eight e4m3 codes 0xFF (-NaN), which the
+// FP8 conversion (cvt.rn.satfinite: NaN -> the canonical 0x7F) never produces. sn_word() keeps it so even if
+// a conversion did: a published word equal to the rest state goes out with its top code 0x7F (NaN as well).
+constexpr uint64_t kSnRest = ~0ull;
+__device__ __forceinline__ uint64_t sn_word(uint2 v) {
+  const uint64_t w = ((uint64_t)v.y << 32) | v.x;
+  return w == kSnRest ? (kSnRest >> 1) : w;
+}
+
+// PUSH_SN area (offset from a rank's buffer base) of parity `par`, source `src`: the finished FP8 rows
+// [sn_max_tokens, H, D], unit-major as in a push region; every 8-byte word not (yet) written holds kSnRest.
+__device__ __forceinline__ int64_t sn_region(const Params& a, int par, int src) {
+  return a.sn_off + (int64_t)(par * a.W + src) * a.sn_max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE);
 }
 
 __device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {

@@ -24,6 +24,8 @@
 // peer's call e - the last reader of the area that call e + 2 writes - in stream order).
 //
 // PUSH_LL12 (mode 6): PUSH_LL with lines {3 data words, flag}, 3/4 data.
+// PUSH_SN (mode 7, FP8 only): PUSH_LL's work split with no flag at all - each 8-byte word replaces a rest
+// pattern in the peer's sentinel area and the consumer restores it (query_lines.cuh).
 // PUSH_LL128 (mode 5; query_push_ll128_kernel): lines of 128 bytes, 15 data words and a flag word.
 // The host picks among LL, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
 //
@@ -79,11 +81,11 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       if (idx < n_raw) pre[k] = *raw_item(a, u0, idx, pe_region_bytes, pre_off[k]);
     }
   }
-  // PUSH_LL with the early bit: the first round of this block's inputs is loaded before anything waits
+  // PUSH_LL / PUSH_SN with the early bit: the first round of this block's inputs is loaded before anything waits
   // (epoch, cos/sin), so those latencies overlap (the round is emitted after the barrier)
   const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
   Item early[kUnroll];
-  if constexpr (MODE == kPushLL) {
+  if constexpr (MODE == kPushLL || MODE == kPushSN) {
     if (a.early) {
       const int n = (u1 - u0) * items_per_unit<NEOX>(a);
 #pragma unroll
@@ -139,6 +141,16 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
       compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub);
     }
     if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
+    return;
+  } else if constexpr (MODE == kPushSN) {
+    // the data itself replaces the area's rest pattern: no flag bytes, no fence (launched for FP8 only)
+    if (a.early) {
+      emit_round<NEOX, FP8, kPubPeersSN>(a, cs, early, pub);
+      compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
+    } else {
+      compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub);
+    }
+    if (W > 1) copy_rows_sn(a, u0, u1, par, pub.f);
     return;
   } else if constexpr (MODE == kPushLL12) {
     publish_ll12<NEOX, FP8>(a, cs, u0, u1, par, pub.f);
@@ -223,7 +235,7 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
                                     void* err, int64_t timeout_ns, float quant_scale, int T, int rank, int W, int H,
                                     int HOUT, int NOPE, int ROPE, int64_t max_tokens, int64_t data_off,
                                     int64_t slot_bytes, int64_t ll_off, int64_t ll_max_tokens, int64_t ll128_off,
-                                    int64_t ll128_lines, int nprog, int mode,
+                                    int64_t ll128_lines, int64_t sn_off, int64_t sn_max_tokens, int nprog, int mode,
                                     int neox, int fp8, int mech, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || NOPE % 16 || ROPE % 16 || nprog < 1) return (int)cudaErrorInvalidValue;
   Params a{};
@@ -241,8 +253,10 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
   a.ll_off = ll_off, a.ll_max_tokens = ll_max_tokens;
   a.ll128_off = ll128_off, a.ll128_lines = ll128_lines;
+  a.sn_off = sn_off, a.sn_max_tokens = sn_max_tokens;
   a.early = (mode & kModeEarly) != 0;
-  if ((mode & kModeEarly) && (mode & ~kModeBits) != kPushLL) return (int)cudaErrorInvalidValue;
+  if ((mode & kModeEarly) && (mode & ~kModeBits) != kPushLL && (mode & ~kModeBits) != kPushSN)
+    return (int)cudaErrorInvalidValue;
   if (T <= 0) return (int)cudaSuccess;
   const bool pdl = (mode & kModePdl) != 0;
   switch (mode & ~kModeBits) {
@@ -260,6 +274,10 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
     case kPushLL12:
       if (T > ll_max_tokens || (NOPE + ROPE) * (fp8 ? 1 : 2) % (8 * kTriple)) return (int)cudaErrorInvalidValue;
       return (int)launch_mode<kPushLL12>(a, neox != 0, fp8 != 0, pdl, stream);
+    case kPushSN:  // FP8 rows only; the area holds sn_max_tokens rows
+      if (!fp8 || T > sn_max_tokens) return (int)cudaErrorInvalidValue;
+      return (int)launch_one(neox ? query_direct_kernel<kPushSN, true, true> : query_direct_kernel<kPushSN, false, true>,
+                             a, pdl, stream);
     case kPushLL128: {
       // the LL128 area holds ll128_lines lines per source: ceil(T * H * D * osize / 8 / 15) of them
       const int64_t words = (int64_t)T * H * (NOPE + ROPE) * (fp8 ? 1 : 2) / 8;

@@ -1,6 +1,7 @@
 // Query gather CUDA kernels (see query_direct.cu), part 3: the flag-in-data push protocols, where every
 // line of finished rows carries the call's flag (no fence, no ready flag) - LL (consume; its publish is
-// the unit-item path's kPubPeersLL store), LL12 (publish and consume of 8-byte output words in triples) and
+// the unit-item path's kPubPeersLL store), the sentinel push SN (no flag at all: the data replaces a rest
+// pattern; consume, its publish is the kPubPeersSN store), LL12 (publish and consume of 8-byte output words in triples) and
 // LL128 (its own kernel).
 #pragma once
 
@@ -176,6 +177,53 @@ __device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t 
   const int64_t u = w / wpr;
   const int64_t t = u / a.H, h = u - t * a.H;
   return ((t * a.HOUT + s * a.H + h) * wpr + (w - u * wpr)) * 8;
+}
+
+// ------------------------------------------------------------------------------------ PUSH_SN
+// The sentinel push (FP8 output only): the LL push's publish and work split, but every 8 output bytes travel
+// as they are - one single-copy-atomic 8-byte store (st.volatile.u64) into our region of every peer's sentinel
+// area - instead of a 16-byte line that is half flags. The area's rest state is kSnRest in every word (the
+// host fills it before any peer can publish); a consumer takes a word once it differs from kSnRest, copies
+// it out and puts kSnRest back, so the area is at rest again after every call (no flag, no epoch in the data).
+//
+// Slot reuse: two parity areas, as LL (query_direct.cu): a rank writes a peer's parity area k in call e + 2
+// only after its own call e + 1 finished, which needed words of that peer's call e + 1, issued after the
+// peer's call e - whose consumers read area k and restored it - completed (stream order: the restores are
+// performed before the peer's next kernel starts). A word is restored only after its new value was seen, so a
+// restore never erases a word of the call being read. A call that timed out leaves the words that never came
+// at rest and restores the others.
+__device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t f) {
+  const int nq = (a.NOPE + a.ROPE) / 8;  // 8-byte words per FP8 row
+  const int per_src = (u1 - u0) * nq;
+  const int n = (a.W - 1) * per_src;
+  char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    uint64_t* src[kUnroll];
+    int64_t dst_off[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      const int s = peer_of(a, idx, per_src);
+      const int rem = idx % per_src;
+      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s)) + (int64_t)u * nq + q;
+      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 + 8 * (int64_t)q;
+      peer[k] = s;
+    }
+    expired = poll_round(a, need, peer, f, t0, [&](int k) {
+      const uint64_t w = peerdcp::ld_volatile_u64(src[k]);
+      if (w == kSnRest) return false;
+      *reinterpret_cast<uint64_t*>(static_cast<char*>(a.out) + dst_off[k]) = w;
+      *src[k] = kSnRest;  // back at rest for the call e + 2 that reuses this parity area
+      return true;
+    });
+  }
 }
 
 // ------------------------------------------------------------------------------------ PUSH_LL12

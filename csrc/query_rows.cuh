@@ -90,6 +90,13 @@ __device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, 
       if constexpr (osize == 2) peerdcp::st_volatile_v4(d + 1, v.z, pub.f, v.w, pub.f);
     }
   }
+  if constexpr (PUB == kPubPeersSN) {  // 8 FP8 codes -> one single-copy-atomic 8-byte word (query_lines.cuh)
+    static_assert(sizeof(V) == 8, "the sentinel push moves FP8 rows only");
+    const int64_t mine = sn_region(a, pub.slot, a.rank) + row_off + off;
+    const uint64_t w = sn_word(v);
+    for (int i = 1; i < a.W; ++i)
+      peerdcp::st_volatile_u64(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine), w);
+  }
 }
 
 // Convert 8 values and store them at element `off` of the row(s) (FP8: a uint2, bf16: a uint4).

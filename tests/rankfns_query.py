@@ -192,13 +192,15 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
 
 
 # The push exchange's protocols of the CUDA kernel, each forced for every T of these cases by its TUNING
-# (read at construction): LL, LL12, LL128 and the fenced plain push.
+# (read at construction): LL, SN (the sentinel push, FP8 only: BF16 cases fall through to the fenced push /
+# roped), LL12, LL128 and the fenced plain push.
 _ALL = 1 << 40
-_OFF = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0}
+_OFF = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0, "cuda_sn_max_bytes": 0}
 CUDA_PUSH = {
     "push": {"cuda_ll_max_bytes": _ALL},
     "push_ll12": dict(_OFF, cuda_ll12_max_bytes=_ALL),
     "push_ll128": dict(_OFF, cuda_ll128_max_bytes=_ALL),
+    "push_sn": dict(_OFF, cuda_sn_max_bytes=_ALL),
     "push_plain": _OFF,
 }
 
@@ -317,21 +319,23 @@ def back_to_back(
     out_dtype: torch.dtype = FP8,
     ll128_max: int | None = None,
     ll12_max: int | None = None,
+    sn_max: int | None = None,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
     ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
-    + rope 64), ``ll12_max`` / ``ll128_max`` the LL12 / LL128 bounds likewise; ``modes`` names the exchanges
-    used."""
+    + rope 64), ``sn_max`` / ``ll12_max`` / ``ll128_max`` the SN / LL12 / LL128 bounds likewise; ``modes``
+    names the exchanges used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max, ll12_max)
+            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max, ll12_max, sn_max)
     row = H * 576 * out_dtype.itemsize
     bounds = {"cuda_ll_max_bytes": ll_max, "cuda_ll12_max_bytes": ll12_max, "cuda_ll128_max_bytes": ll128_max}
+    bounds["cuda_sn_max_bytes"] = sn_max
     if any(b is not None for b in bounds.values()):
         with mock.patch.dict(gather_mod.TUNING, {k: b * row for k, b in bounds.items() if b is not None}):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype, None, None)
+            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype, None, None, None)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     g = torch.Generator().manual_seed(99)
@@ -350,7 +354,7 @@ def back_to_back(
     ) as qg:
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
-        names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12"})
+        names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12", K.MODE_PUSH_SN: "push_sn"})
         info["modes"] = sorted({"exposed" if e else names[qg._copy_mode(T)] for T, e in plan})
         for i, (T, exposed) in enumerate(plan):
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
@@ -545,9 +549,9 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
     """One gather captured in a CUDA graph and replayed ``replays`` times with changing inputs and positions
     (``n_sets`` sets rotated through static buffers), the output poisoned before every replay and checked
     on the device after it; the ranks replay independently (no barrier, no host sync in the loop).
-    ``mode`` raw | roped | push | push_ll12 | push_ll128 | push_plain (the CUDA kernel's LL, LL12, LL128 and
-    fenced push at this T: :data:`CUDA_PUSH`) | exposed; ``copy_mode`` in the result is the kernel mode the
-    calls used."""
+    ``mode`` raw | roped | push | push_sn | push_ll12 | push_ll128 | push_plain (the CUDA kernel's LL, SN,
+    LL12, LL128 and fenced push at this T: :data:`CUDA_PUSH`) | exposed; ``copy_mode`` in the result is the
+    kernel mode the calls used."""
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     ex = "push" if mode.startswith("push") else mode if mode == "roped" else "raw"

@@ -1,7 +1,7 @@
 """The Query CUDA entry point's argument checks, without a GPU (needs nvcc + ninja to build the library):
-bad geometry, unknown modes, the early bit on any mode but LL push, and an LL / LL128 push call beyond its
-area are rejected with cudaErrorInvalidValue before anything touches CUDA, the PDL bit is accepted on every
-valid mode, and T = 0 returns success without a launch."""
+bad geometry, unknown modes, the early bit on any mode but LL / SN push, an LL / LL128 / SN push call beyond
+its area and an SN call with BF16 output are rejected with cudaErrorInvalidValue before anything touches
+CUDA, the PDL bit is accepted on every valid mode, and T = 0 returns success without a launch."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ pytestmark = pytest.mark.skipif(
 INVALID = 1  # cudaErrorInvalidValue
 
 
-def _call(*, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1) -> int:
+def _call(*, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1, sn_max=0) -> int:
     from peerdcp.query import ops
 
     lib = ops.load()
     peers = (ctypes.c_uint64 * 8)(*([0x1000] * 8))
     return lib.peerdcp_query_direct(
         None, None, 0, 0, 0, 0, None, 0, None, 0, None, ctypes.cast(peers, ctypes.c_void_p), None, None, None,
-        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, nprog, mode, 0, fp8, 2,
+        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, 0, sn_max, nprog, mode, 0,
+        fp8, 2,
         None,
     )  # fmt: skip
 
@@ -37,8 +38,8 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(nope=500) == INVALID
     assert _call(rope=60) == INVALID
     assert _call(nprog=0) == INVALID
-    assert _call(mode=7) == INVALID
-    assert _call(mode=7 | K.MODE_PDL) == INVALID
+    assert _call(mode=32) == INVALID  # no such mode bit
+    assert _call(mode=32 | K.MODE_PDL) == INVALID
     assert _call(mode=K.MODE_PUSH_LL, T=9, ll_max=8) == INVALID  # beyond the LL area
     assert _call(mode=K.MODE_PUSH_LL12, T=9, ll_max=8) == INVALID
     # LL12 needs rows of whole 24-byte triples: D * osize = 560 (FP8) / 1120 (BF16) is not
@@ -49,11 +50,15 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(mode=K.MODE_PUSH_LL128, T=1, ll128_lines=153, fp8=0) == INVALID
     assert _call(mode=K.MODE_PUSH_LL128, T=2, ll128_lines=153) == INVALID
     for mode in (K.MODE_EARLY, K.MODE_RAW | K.MODE_EARLY, K.MODE_PUSH | K.MODE_EARLY, K.MODE_PUSH_LL128 | 16):
-        assert _call(mode=mode, ll_max=8, ll128_lines=1000) == INVALID  # the early bit is for LL push only
+        assert _call(mode=mode, ll_max=8, ll128_lines=1000) == INVALID  # the early bit is for LL / SN push only
+    # SN: FP8 rows only, at most sn_max_tokens of them
+    assert _call(mode=K.MODE_PUSH_SN, T=9, sn_max=8) == INVALID
+    assert _call(mode=K.MODE_PUSH_SN | K.MODE_EARLY, T=9, sn_max=8) == INVALID
+    assert _call(mode=K.MODE_PUSH_SN, T=1, sn_max=8, fp8=0) == INVALID
 
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():
     modes = (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH, K.MODE_PUSH_LL, K.MODE_PUSH_LL128, K.MODE_PUSH_LL12)
-    for mode in modes + (K.MODE_PUSH_LL | K.MODE_EARLY,):
+    for mode in modes + (K.MODE_PUSH_SN, K.MODE_PUSH_LL | K.MODE_EARLY, K.MODE_PUSH_SN | K.MODE_EARLY):
         for pdl in (0, K.MODE_PDL):
             assert _call(T=0, mode=mode | pdl) == 0

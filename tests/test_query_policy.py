@@ -78,3 +78,21 @@ def test_protocols_apply_in_order_ll_ll12_ll128(exchange):
     assert modes == [K.MODE_PUSH_LL] * 2 + [K.MODE_PUSH_LL12] * 2 + [K.MODE_PUSH_LL128] * 2 + [K.MODE_PUSH]
     # a bound at or below an earlier one is never reached (the host passes 0 there)
     assert G.copy_mode(exchange, 3, push_slots=True, ll_max=0, ll12_max=0, ll128_max=8) == K.MODE_PUSH_LL128
+
+
+@pytest.mark.parametrize("exchange", ["auto", "push"])
+def test_sentinel_push_sits_between_ll_and_ll12(exchange):
+    modes = [
+        G.copy_mode(exchange, T, push_slots=True, ll_max=2, sn_max=8, ll12_max=16, ll128_max=32)
+        for T in (1, 2, 3, 8, 9, 16, 17, 32, 33)
+    ]
+    want = [K.MODE_PUSH_LL] * 2 + [K.MODE_PUSH_SN] * 2 + [K.MODE_PUSH_LL12] * 2 + [K.MODE_PUSH_LL128] * 2
+    assert modes == want + [K.MODE_PUSH]
+    assert G.copy_mode(exchange, 5, push_slots=True, ll_max=0, sn_max=8) == K.MODE_PUSH_SN
+    assert G.copy_mode("roped", 5, push_slots=False, ll_max=0, sn_max=8) == K.MODE_ROPED
+
+
+def test_sentinel_bound_is_off_for_bf16():
+    # the rest pattern is an FP8 code (0xFF) no conversion produces; BF16 rows may carry any 16-bit pattern
+    # (the host also forces the bound to 0 for BF16 output whatever TUNING says)
+    assert G.tuning_bytes("cuda_sn_max_bytes", torch.bfloat16) == 0

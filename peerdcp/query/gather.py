@@ -90,7 +90,10 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # 7.16 / 5.70 at 16, 11.90 / 8.05 / 10.38 / 10.23 at 32, 15.62 / 11.54 / 12.42 / 12.43 at 48, 21.46 / 15.47 /
 # 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128; BF16 LL12 up to 48; LL128
 # (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off by default.
-# "cuda_ll_early": LL push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
+# "cuda_sn_max_bytes": SN, the sentinel push (FP8 output only; calls above the LL bound, before LL12) -
+# every 8 output bytes travel as they are and replace a rest pattern in the peer's sentinel area, which the
+# consumer puts back (csrc/query_lines.cuh): no flag bytes at all. Off until measured against LL / LL12.
+# "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
 TUNING = {
@@ -98,6 +101,7 @@ TUNING = {
     "cuda_ll_max_bytes": {"float8_e4m3fn": 16 * _ROWS, "bfloat16": 0},
     "cuda_ll12_max_bytes": {"float8_e4m3fn": 128 * _ROWS, "bfloat16": 48 * _ROWS * 2},
     "cuda_ll128_max_bytes": 0,
+    "cuda_sn_max_bytes": {"float8_e4m3fn": 0, "bfloat16": 0},
     "cuda_ll_early": True,
 }
 
@@ -110,20 +114,33 @@ def tuning_bytes(key: str, out_dtype: torch.dtype) -> int:
 
 
 def copy_mode(
-    exchange: str, tokens: int, *, push_slots: bool, ll_max: int, ll12_max: int = 0, ll128_max: int = 0
+    exchange: str,
+    tokens: int,
+    *,
+    push_slots: bool,
+    ll_max: int,
+    ll12_max: int = 0,
+    ll128_max: int = 0,
+    sn_max: int = 0,
 ) -> int:
     """The direct kernel's mode (``kernels.MODE_*``) for a copy call of ``tokens`` >= 1 tokens: a pure
     function of the call's size and of what every rank agreed on at construction, so every rank picks the
     same mode.
 
     ``exchange``: the object's exchange; ``push_slots``: its parity slots hold push regions; ``ll_max`` /
-    ``ll12_max`` / ``ll128_max``: the most tokens its CUDA kernel sends by the LL / LL12 / LL128 protocol (0:
-    none, e.g. the Triton kernel); each applies above the ones before it.
+    ``sn_max`` / ``ll12_max`` / ``ll128_max``: the most tokens its CUDA kernel sends by the LL / SN (sentinel)
+    / LL12 / LL128 protocol (0: none, e.g. the Triton kernel); each applies above the ones before it, in that
+    order.
     """
     if exchange in ("auto", "push"):
         if exchange == "auto" and push_slots and tokens <= AUTO_PUSH_RAW_MAX_TOKENS:
             return K.MODE_RAW
-        for bound, mode in ((ll_max, K.MODE_PUSH_LL), (ll12_max, K.MODE_PUSH_LL12), (ll128_max, K.MODE_PUSH_LL128)):
+        for bound, mode in (
+            (ll_max, K.MODE_PUSH_LL),
+            (sn_max, K.MODE_PUSH_SN),
+            (ll12_max, K.MODE_PUSH_LL12),
+            (ll128_max, K.MODE_PUSH_LL128),
+        ):
             if tokens <= bound:
                 return mode
         if exchange == "push" or push_slots:
@@ -270,7 +287,7 @@ class QueryGather:
         self._exposed_T: int | None = None
         self._push_slots = False  # direct: slots 0/1 sized for the push exchange (set below)
         # direct, CUDA, exchange auto / push: the most tokens a call sends by LL / LL12 / LL128 (copy_mode)
-        self._ll_max = self._ll12_max = self._ll128_max = 0
+        self._ll_max = self._ll12_max = self._ll128_max = self._sn_max = 0
         self._ll_area = 0  # tokens the LL area (LL and LL12 calls) holds per (parity, source)
         self._ll128_lines = 0  # 128-byte lines per (parity, source) of the LL128 area
         self._early = False  # LL push calls load their first inputs early (TUNING["cuda_ll_early"])
@@ -304,12 +321,16 @@ class QueryGather:
             if exchange in ("auto", "push") and self.impl == "cuda":  # the LL areas need no push slots
                 row_bytes = H * self.head_dim * out_dtype.itemsize  # one token's finished rows
                 bound = {k: min(max_tokens, tuning_bytes(f"cuda_{k}_max_bytes", out_dtype) // row_bytes) for k in
-                         ("ll", "ll12", "ll128")}  # fmt: skip
+                         ("ll", "sn", "ll12", "ll128")}  # fmt: skip
                 if self.head_dim * out_dtype.itemsize % 24:  # LL12 moves whole 24-byte triples of a row
                     bound["ll12"] = 0
+                if out_dtype != torch.float8_e4m3fn:  # the rest pattern is an FP8 code no conversion produces
+                    bound["sn"] = 0
                 self._ll_max = bound["ll"]
-                self._ll12_max = bound["ll12"] if bound["ll12"] > self._ll_max else 0
-                self._ll128_max = bound["ll128"] if bound["ll128"] > max(self._ll_max, self._ll12_max) else 0
+                self._sn_max = bound["sn"] if bound["sn"] > self._ll_max else 0
+                below = max(self._ll_max, self._sn_max)
+                self._ll12_max = bound["ll12"] if bound["ll12"] > below else 0
+                self._ll128_max = bound["ll128"] if bound["ll128"] > max(below, self._ll12_max) else 0
                 self._ll_area = max(self._ll_max, self._ll12_max)
                 self._ll128_lines = -(-(self._ll128_max * row_bytes // 8) // 15)  # 15 data words per line
             self._early = bool(TUNING["cuda_ll_early"])
@@ -317,7 +338,8 @@ class QueryGather:
                 rule = f"raw for T <= {AUTO_PUSH_RAW_MAX_TOKENS}, else push" if AUTO_PUSH_RAW_MAX_TOKENS else "push"
             else:
                 rule = f"raw for T <= {AUTO_RAW_MAX_TOKENS}, else roped"
-            lls = [(n, b) for n, b in (("LL", self._ll_max), ("LL12", self._ll12_max), ("LL128", self._ll128_max)) if b]
+            lls = [("LL", self._ll_max), ("SN", self._sn_max), ("LL12", self._ll12_max), ("LL128", self._ll128_max)]
+            lls = [(n, b) for n, b in lls if b]
             ll_rule = ", ".join(f"{n} push for T <= {b}" for n, b in lls)
             if ll_rule:
                 rule = ll_rule + ", then " + rule
@@ -451,8 +473,16 @@ class QueryGather:
         self._ll_off = -(-(self._data_off + 2 * self._slot_bytes + raw_bytes) // 256) * 256
         ll_bytes = 2 * W * self._ll_area * H * 2 * self.head_dim * self.out_dtype.itemsize
         self._ll128_off = -(-(self._ll_off + ll_bytes) // 256) * 256
-        nbytes = self._ll128_off + 2 * W * self._ll128_lines * 128
-        self._buf = _memory.allocate(nbytes, info.group, memory=self.memory, device=dev)
+        # then the sentinel area of the SN push calls (FP8): [2 parity][W src][_sn_max][H][D] bytes
+        self._sn_off = -(-(self._ll128_off + 2 * W * self._ll128_lines * 128) // 256) * 256
+        sn_bytes = 2 * W * self._sn_max * H * self.head_dim
+        self._buf = _memory.allocate(self._sn_off + sn_bytes, info.group, memory=self.memory, device=dev)
+        if sn_bytes:
+            # its rest state (every byte 0xFF) in place on every rank before any peer can publish into it:
+            # fill, wait for the fill, then a barrier
+            self._buf.local[self._sn_off : self._sn_off + sn_bytes].fill_(0xFF)
+            torch.cuda.synchronize(dev)
+            all_gather_object(info, None)
         self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
         self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
@@ -682,6 +712,7 @@ class QueryGather:
             ll_max=self._ll_max,
             ll12_max=self._ll12_max,
             ll128_max=self._ll128_max,
+            sn_max=self._sn_max,
         )
 
     # ---------------------------------------------------------------------------------- launches
@@ -691,7 +722,7 @@ class QueryGather:
             from . import ops
 
             pdl = K.MODE_PDL if self._pdl_max >= T else 0  # PDL for T <= cuda_pdl_max_tokens (local to a rank)
-            if mode == K.MODE_PUSH_LL and self._early:
+            if mode in (K.MODE_PUSH_LL, K.MODE_PUSH_SN) and self._early:
                 pdl |= K.MODE_EARLY
 
             ops.query_direct(
@@ -720,6 +751,8 @@ class QueryGather:
                 self._ll_area,
                 self._ll128_off,
                 self._ll128_lines,
+                self._sn_off,
+                self._sn_max,
                 self.num_programs,
                 mode | pdl,
                 self.rope_style == "neox",

@@ -44,6 +44,8 @@ Modes (constexpr MODE):
   output bytes travel with their flag in one 16-byte line into a separate LL area, and consumers poll the
   lines instead of a ready flag (``csrc/query_direct.cu``); this Triton kernel never receives it.
 * ``MODE_PUSH_LL12`` (CUDA kernel only): ``MODE_PUSH_LL`` with lines of 12 data bytes and a 4-byte flag.
+* ``MODE_PUSH_SN`` (CUDA kernel only, FP8 output): ``MODE_PUSH_LL``'s publish with no flag at all - every 8
+  output bytes replace a rest pattern in a separate sentinel area, and the consumer puts the pattern back.
 * ``MODE_PUSH_LL128`` (CUDA kernel only, medium calls): the same with NCCL's LL128 lines (15 data words and
   a flag word per 128-byte line) in a separate LL128 area; also never sent to this kernel.
 * ``MODE_EXPOSED`` (zero-copy): the caller already wrote its bf16 shard into slot Z (the views of
@@ -87,6 +89,7 @@ __all__ = [
     "MODE_PUSH_LL",
     "MODE_PUSH_LL128",
     "MODE_PUSH_LL12",
+    "MODE_PUSH_SN",
     "SLOT_Z",
     "push_region_bytes",
     "header_bytes",
@@ -102,8 +105,9 @@ MODE_PUSH = 3
 MODE_PUSH_LL = 4  # CUDA kernel only: push with flags inside the data (csrc/query_direct.cu), T <= the LL bound
 MODE_PUSH_LL128 = 5  # CUDA kernel only: push with NCCL's LL128 lines (csrc/query_lines.cuh), T <= the LL128 bound
 MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-byte line (csrc/query_lines.cuh)
+MODE_PUSH_SN = 7  # CUDA kernel only, FP8: the sentinel push, no flag bytes (csrc/query_lines.cuh)
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
-MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL: load the first inputs before the barrier
+MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL / _SN: load the first inputs before the barrier
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)
 _RAW = tl.constexpr(MODE_RAW)

@@ -59,6 +59,8 @@ def load() -> ctypes.CDLL:
         _i64,  # ll_off, ll_max_tokens
         _i64,
         _i64,  # ll128_off, ll128_lines
+        _i64,
+        _i64,  # sn_off, sn_max_tokens
         _i32,
         _i32,
         _i32,
@@ -99,7 +101,7 @@ def _query_direct_op(
     (T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max, ll128_off, ll128_lines) = (
         geometry[:14]
     )
-    nprog, mode, neox, mech = geometry[14:]
+    sn_off, sn_max, nprog, mode, neox, mech = geometry[14:]
     lib = load()
     stream = torch.cuda.current_stream(out.device).cuda_stream
     err = lib.peerdcp_query_direct(
@@ -134,6 +136,8 @@ def _query_direct_op(
         ll_max,
         ll128_off,
         ll128_lines,
+        sn_off,
+        sn_max,
         nprog,
         mode,
         neox,
@@ -202,6 +206,8 @@ def query_direct(
     ll_max_tokens,
     ll128_off,
     ll128_lines,
+    sn_off,
+    sn_max_tokens,
     nprog,
     mode,
     neox,
@@ -221,7 +227,7 @@ def query_direct(
         timeout_ns,
         quant_scale,
         [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max_tokens, ll128_off]
-        + [ll128_lines, nprog, mode, int(neox), mech],
+        + [ll128_lines, sn_off, sn_max_tokens, nprog, mode, int(neox), mech],
     )
 
 

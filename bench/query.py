@@ -75,7 +75,12 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     # the sentinel push (FP8): at every T; above the LL bound (LL12 never reached); the first at 4 blocks / SM
     v.append(("direct-cuda-auto-vmm-allsn", dict(cu, tuning=dict(off, cuda_sn_max_bytes=big))))
     v.append(("direct-cuda-auto-vmm-sn", dict(cu, tuning={"cuda_sn_max_bytes": big})))
-    v.append(("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0})))
+    # the session-7 default: LL up to 16 tokens at 32 heads, LL12 up to 128, 2 blocks per SM
+    v.append(
+        ("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0, "cuda_ll_max_bytes": 16 * 32 * 576}))
+    )
+    v.append(("direct-cuda-auto-vmm-sn-p2", dict(cu, tuning={"cuda_sn_programs_per_sm": 2})))
+    v.append(("direct-cuda-zerocopy-auto-vmm", dict(cu, exchange="auto", zerocopy=True)))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     # grid size: 1, 3 and 4 blocks per SM (default 2)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 1

@@ -291,6 +291,15 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   }
 }
 
+// Blocks of the PUSH_SN kernel (FP8; NeoX or interleaved RoPE) that fit on one SM at once: the host sizes the
+// grid of an object whose copy calls use the sentinel push by it (QueryGather: at most
+// TUNING["cuda_sn_programs_per_sm"]).
+extern "C" int peerdcp_query_sn_blocks_per_sm(int neox, int* blocks) {
+  const void* k = neox ? reinterpret_cast<const void*>(query_direct_kernel<kPushSN, true, true>)
+                       : reinterpret_cast<const void*>(query_direct_kernel<kPushSN, false, true>);
+  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k, kThreads, 0);
+}
+
 extern "C" int peerdcp_query_wait_acks(const uint64_t* peer_addrs, int64_t* last_z, void* err, int64_t timeout_ns,
                                        int rank, int W, int nprog, int mech, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || nprog < 1) return (int)cudaErrorInvalidValue;

@@ -46,11 +46,14 @@ def test_explicit_exchanges(T):
 
 
 def test_ll_bounds_are_byte_bounds_by_dtype():
-    # the defaults (tokens of 32 heads of 576): FP8 LL 16, LL12 128; BF16 LL12 48; LL128 off
+    # the defaults (tokens of 32 heads of 576): FP8 SN 256 (LL off; LL12 128 is below SN, so never reached);
+    # BF16 LL12 48; LL128 off
     row = {torch.float8_e4m3fn: 32 * 576, torch.bfloat16: 32 * 576 * 2}
-    got = {k: {dt: G.tuning_bytes(f"cuda_{k}_max_bytes", dt) // r for dt, r in row.items()} for k in ("ll", "ll12")}
+    keys = ("ll", "sn", "ll12")
+    got = {k: {dt: G.tuning_bytes(f"cuda_{k}_max_bytes", dt) // r for dt, r in row.items()} for k in keys}
     assert got == {
-        "ll": {torch.float8_e4m3fn: 16, torch.bfloat16: 0},
+        "ll": {torch.float8_e4m3fn: 0, torch.bfloat16: 0},
+        "sn": {torch.float8_e4m3fn: 256, torch.bfloat16: 0},
         "ll12": {torch.float8_e4m3fn: 128, torch.bfloat16: 48},
     }
     assert G.tuning_bytes("cuda_ll128_max_bytes", torch.float8_e4m3fn) == 0

@@ -88,20 +88,29 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # 13.45 at 96, 20.03 / 15.52 / 15.56 / 15.57 at 128, 28.03 / 23.97 / 21.05 / 19.22 at 192; BF16 (no push
 # slots at W = 2: roped above the bounds) 3.73 / 3.72 / 6.39 / 5.26 (roped) at T = 1, 5.23 / 4.58 at 8,
 # 7.16 / 5.70 at 16, 11.90 / 8.05 / 10.38 / 10.23 at 32, 15.62 / 11.54 / 12.42 / 12.43 at 48, 21.46 / 15.47 /
-# 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128; BF16 LL12 up to 48; LL128
-# (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off by default.
+# 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128 (until session 11: now SN,
+# below); BF16 LL12 up to 48; LL128 (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off.
 # "cuda_sn_max_bytes": SN, the sentinel push (FP8 output only; calls above the LL bound, before LL12) -
 # every 8 output bytes travel as they are and replace a rest pattern in the peer's sentinel area, which the
-# consumer puts back (csrc/query_lines.cuh): no flag bytes at all. Off until measured against LL / LL12.
+# consumer puts back (csrc/query_lines.cuh): no flag bytes at all. Its area costs 2 * W * the bound in bytes
+# (W = 2, 32 heads: 18.9 MB for 256 tokens). Measured (2026-11-30 session 11, call 1, FP8 32 heads, graph,
+# us; SN at every T with 2 / 4 blocks per SM against the session-7 default LL <= 16, LL12 <= 128, push):
+# 3.41 / 3.30 vs 3.45 at T = 1, 3.92 / 4.00 vs 4.23 at 8, 4.49 / 4.45 vs 5.08 at 16, 6.08 / 5.30 vs 6.06 at
+# 32, 7.89 / 7.73 vs 8.85 at 64, 13.29 / 11.98 vs 15.54 at 128, 24.31 / 21.88 vs 24.28 at 256. So FP8: SN
+# from T = 1 to 256 tokens at 32 heads (LL off), with
+# "cuda_sn_programs_per_sm": the grid of an object that uses SN, blocks per SM (capped by how many fit at
+# once: the interleaved FP8 kernel takes 64 registers, so 4; NeoX 100, so 2); other objects keep 2 (the
+# session-7 default with 4 per SM: 8.17 vs 6.06 us at T = 32, 10.49 vs 8.85 at 64).
 # "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
 TUNING = {
     "cuda_pdl_max_tokens": 32,
-    "cuda_ll_max_bytes": {"float8_e4m3fn": 16 * _ROWS, "bfloat16": 0},
+    "cuda_ll_max_bytes": {"float8_e4m3fn": 0, "bfloat16": 0},
     "cuda_ll12_max_bytes": {"float8_e4m3fn": 128 * _ROWS, "bfloat16": 48 * _ROWS * 2},
     "cuda_ll128_max_bytes": 0,
-    "cuda_sn_max_bytes": {"float8_e4m3fn": 0, "bfloat16": 0},
+    "cuda_sn_max_bytes": {"float8_e4m3fn": 256 * _ROWS, "bfloat16": 0},
+    "cuda_sn_programs_per_sm": 4,
     "cuda_ll_early": True,
 }
 
@@ -182,7 +191,9 @@ class QueryGather:
             ``cos_sin_cache`` (as in DCP, where every rank holds every token): raw and allgather rotate
             every row with the *caller's* positions, roped and push with the *producer's*.
         device: the tensors' device (default: the current CUDA device, else CPU).
-        num_programs: direct backend grid size (default: 2 per SM on GPU, 4 in the interpreter).
+        num_programs: direct backend grid size (default on GPU: 2 per SM, or for an object whose copy calls use
+            the CUDA sentinel push up to ``TUNING["cuda_sn_programs_per_sm"]`` per SM, as many as are resident
+            at once; 4 in the interpreter).
 
     Attributes:
         backend, memory (None for allgather), impl, exchange, reason (why auto chose what it chose),
@@ -346,7 +357,7 @@ class QueryGather:
             reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
             if ll_rule and exchange == "push":
                 reasons.append(ll_rule.replace(" push", " protocol"))
-            self._setup_direct(num_programs)
+            self._setup_direct(num_programs, reasons)
         else:
             self._setup_allgather()
         self.reason = "; ".join(reasons)
@@ -449,15 +460,24 @@ class QueryGather:
         reasons.append(f"impl {want}" + (" (default)" if impl == "auto" else ""))
         return want
 
-    def _setup_direct(self, num_programs: int | None) -> None:
+    def _setup_direct(self, num_programs: int | None, reasons: list[str]) -> None:
         info, dev, W, H = self._info, self.device, self.world_size, self.heads_per_rank
         if num_programs is None:
             if dev.type == "cuda":
-                num_programs = 2 * torch.cuda.get_device_properties(dev).multi_processor_count
+                per_sm = 2
+                if self._sn_max:  # the sentinel push: more blocks in flight, as many as fit at once
+                    from . import ops
+
+                    per_sm = max(
+                        2, min(int(TUNING["cuda_sn_programs_per_sm"]), ops.sn_blocks_per_sm(self.rope_style == "neox"))
+                    )
+                num_programs = per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
             else:
                 num_programs = 4
         nprogs = all_gather_object(info, num_programs)
         self.num_programs = NP = min(nprogs)  # the grids must match: twin programs wait for each other
+        if self._sn_max and dev.type == "cuda":
+            reasons.append(f"grid {NP} blocks (sentinel push: up to {TUNING['cuda_sn_programs_per_sm']} per SM)")
         self._bu = 4 if self._gpu else 2
         raw_bytes = self.max_tokens * H * self.head_dim * 2
         slot_bytes = raw_bytes

@@ -16,7 +16,7 @@ import torch
 
 from ..jit import load as load_jit
 
-__all__ = ["load", "query_direct", "query_wait_acks"]
+__all__ = ["load", "query_direct", "query_wait_acks", "sn_blocks_per_sm"]
 
 
 _i64, _i32, _vp, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
@@ -68,6 +68,8 @@ def load() -> ctypes.CDLL:
         _i32,  # nprog, mode, neox, fp8, mech
         _vp,  # stream
     ]
+    lib.peerdcp_query_sn_blocks_per_sm.restype = ctypes.c_int
+    lib.peerdcp_query_sn_blocks_per_sm.argtypes = [_i32, ctypes.POINTER(_i32)]
     lib.peerdcp_query_wait_acks.restype = ctypes.c_int
     lib.peerdcp_query_wait_acks.argtypes = [_vp, _vp, _vp, _i64, _i32, _i32, _i32, _i32, _vp]
     return lib
@@ -234,3 +236,11 @@ def query_direct(
 def query_wait_acks(peer_addrs, last_z, err_addr, timeout_ns, rank, W, nprog, mech) -> None:
     """Launch the zero-copy ack wait (``exposed_shard``) on the current stream."""
     torch.ops.peerdcp.query_wait_acks(last_z, list(peer_addrs), err_addr, timeout_ns, [rank, W, nprog, mech])
+
+
+def sn_blocks_per_sm(neox: bool) -> int:
+    """Blocks of the sentinel-push kernel (FP8 output) resident on one SM at once, on the current device
+    (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``: registers, shared memory, 256 threads a block)."""
+    n = _i32(0)
+    _check(load().peerdcp_query_sn_blocks_per_sm(int(neox), ctypes.byref(n)), "sn_blocks_per_sm")
+    return int(n.value)

@@ -64,7 +64,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     big = 1 << 40
     off = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0, "cuda_sn_max_bytes": 0}
-    v.append(("direct-cuda-auto-vmm-nopdl", dict(cu, tuning={"cuda_pdl_max_tokens": 0})))
+    v.append(("direct-cuda-auto-vmm-nopdl", dict(cu, tuning={"cuda_pdl_max_tokens": 0, "cuda_sn_pdl": False})))
     v.append(("direct-cuda-auto-vmm-allpdl", dict(cu, tuning={"cuda_pdl_max_tokens": 1 << 30})))
     v.append(("direct-cuda-auto-vmm-noll", dict(cu, tuning={"cuda_ll_max_bytes": 0})))
     v.append(("direct-cuda-auto-vmm-allll", dict(cu, tuning={"cuda_ll_max_bytes": big})))
@@ -80,6 +80,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
         ("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0, "cuda_ll_max_bytes": 16 * 32 * 576}))
     )
     v.append(("direct-cuda-auto-vmm-sn-p2", dict(cu, tuning={"cuda_sn_programs_per_sm": 2})))
+    v.append(("direct-cuda-auto-vmm-sn-nopdl", dict(cu, tuning={"cuda_sn_pdl": False})))
     v.append(("direct-cuda-zerocopy-auto-vmm", dict(cu, exchange="auto", zerocopy=True)))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     # grid size: 1, 3 and 4 blocks per SM (default 2)

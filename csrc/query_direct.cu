@@ -85,7 +85,12 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   // (epoch, cos/sin), so those latencies overlap (the round is emitted after the barrier)
   const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
   Item early[kUnroll];
-  if constexpr (MODE == kPushLL || MODE == kPushSN) {
+#ifdef PEERDCP_QUERY_SN16
+  constexpr bool kSn16 = MODE == kPushSN && !NEOX;
+#else
+  constexpr bool kSn16 = false;
+#endif
+  if constexpr (MODE == kPushLL || (MODE == kPushSN && !kSn16)) {
     if (a.early) {
       const int n = (u1 - u0) * items_per_unit<NEOX>(a);
 #pragma unroll
@@ -142,6 +147,12 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     }
     if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
     return;
+#ifdef PEERDCP_QUERY_SN16
+  } else if constexpr (kSn16) {
+    publish_sn16(a, cs, u0, u1, own, pub);
+    if (W > 1) copy_rows_sn16(a, u0, u1, par, pub.f);
+    return;
+#endif
   } else if constexpr (MODE == kPushSN) {
     // the data itself replaces the area's rest pattern: no flag bytes, no fence (launched for FP8 only)
     if (a.early) {

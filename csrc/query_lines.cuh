@@ -6,6 +6,9 @@
 #pragma once
 
 #include "query_common.cuh"
+#ifdef PEERDCP_QUERY_SN16
+#include "query_rows.cuh"  // the experiment below publishes through the unit-item path's loads
+#endif
 
 namespace {
 
@@ -225,6 +228,79 @@ __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t 
     });
   }
 }
+
+#ifdef PEERDCP_QUERY_SN16
+// EXPERIMENT (PEERDCP_NVCC_EXTRA=-DPEERDCP_QUERY_SN16; interleaved RoPE): the SN publish with one 16-byte
+// store per thread - two neighbouring items (output words 2i, 2i + 1 of a row) per thread, stored with
+// st.volatile.v2.u64 (each 8-byte element single-copy atomic, so the consumer checks both halves).
+constexpr int kU16 = 2;  // pairs per thread per round (4 input vectors in flight, as kUnroll)
+
+__device__ void publish_sn16(const Params& a, const CosSin& cs, int u0, int u1, const Sources& own, const Pub& pub) {
+  const int ipu = items_per_unit<false>(a);  // even: NOPE / 8 and ROPE / 8 are
+  const int np = (u1 - u0) * ipu / 2;
+  const int64_t D = a.NOPE + a.ROPE;
+  for (int base = threadIdx.x; base < np; base += kThreads * kU16) {
+    Item it[kU16][2];
+#pragma unroll
+    for (int k = 0; k < kU16; ++k) {
+      const int idx = base + k * kThreads;
+      it[k][0].j = -1;
+      if (idx < np) {
+        load_item<false, false>(it[k][0], a, own, u0, u1, 2 * idx);
+        load_item<false, false>(it[k][1], a, own, u0, u1, 2 * idx + 1);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kU16; ++k) {
+      if (it[k][0].j < 0) continue;
+      const uint2 w0 = item_fp8_interleaved(it[k][0], a, cs), w1 = item_fp8_interleaved(it[k][1], a, cs);
+      const int t = it[k][0].t, h = it[k][0].h, j = it[k][0].j;
+      char* orow = static_cast<char*>(out_row(a, t, a.rank * a.H + h, 1));
+      *reinterpret_cast<uint4*>(orow + 8 * j) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+      const int64_t mine = sn_region(a, pub.slot, a.rank) + ((int64_t)t * a.H + h) * D + 8 * j;
+      const uint64_t s0 = sn_word(w0), s1 = sn_word(w1);
+      for (int i = 1; i < a.W; ++i)
+        peerdcp::st_volatile_v2u64(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine), s0, s1);
+    }
+  }
+}
+
+__device__ void copy_rows_sn16(const Params& a, int u0, int u1, int par, uint32_t f) {
+  const int nq = (a.NOPE + a.ROPE) / 16;  // 16-byte pairs per FP8 row
+  const int per_src = (u1 - u0) * nq;
+  const int n = (a.W - 1) * per_src;
+  char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    uint64_t* src[kUnroll];
+    int64_t dst_off[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (!need[k]) continue;
+      const int s = peer_of(a, idx, per_src);
+      const int rem = idx % per_src;
+      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s)) + 2 * ((int64_t)u * nq + q);
+      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 16 + 16 * (int64_t)q;
+      peer[k] = s;
+    }
+    expired = poll_round(a, need, peer, f, t0, [&](int k) {
+      uint64_t x, y;
+      peerdcp::ld_volatile_v2u64(src[k], x, y);
+      if (x == kSnRest || y == kSnRest) return false;
+      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + dst_off[k]) =
+          make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y, (uint32_t)(y >> 32));
+      *reinterpret_cast<uint4*>(src[k]) = make_uint4(~0u, ~0u, ~0u, ~0u);  // back at rest
+      return true;
+    });
+  }
+}
+#endif
 
 // ------------------------------------------------------------------------------------ PUSH_LL12
 // LL12 (the LL push with denser lines): every 12 output bytes travel with their flag in one 16-byte line

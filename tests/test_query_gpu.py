@@ -113,7 +113,7 @@ def test_gpu_back_to_back_eager_bf16_auto(gpool):
 @pytest.mark.parametrize(
     "impl,tuning,mode",
     [
-        ("cuda", {}, K.MODE_PUSH_LL),
+        ("cuda", fns.CUDA_PUSH["push"], K.MODE_PUSH_LL),
         ("cuda", fns.CUDA_PUSH["push_ll128"], K.MODE_PUSH_LL128),
         ("cuda", fns.CUDA_PUSH["push_ll12"], K.MODE_PUSH_LL12),
         ("cuda", fns.CUDA_PUSH["push_sn"], K.MODE_PUSH_SN),

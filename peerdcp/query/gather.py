@@ -101,6 +101,9 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # "cuda_sn_programs_per_sm": the grid of an object that uses SN, blocks per SM (capped by how many fit at
 # once: the interleaved FP8 kernel takes 64 registers, so 4; NeoX 100, so 2); other objects keep 2 (the
 # session-7 default with 4 per SM: 8.17 vs 6.06 us at T = 32, 10.49 vs 8.85 at 64).
+# "cuda_sn_pdl": SN calls launch with PDL at every T (else by "cuda_pdl_max_tokens"): session 11, call 2, FP8 32
+# heads, with / without above T = 32: 7.26 / 7.74 us at 64, 11.36 / 11.74 at 128, 21.85 / 22.35 at 256,
+# 39.97 / 40.80 at 512 (16 and 64 heads alike).
 # "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
@@ -111,6 +114,7 @@ TUNING = {
     "cuda_ll128_max_bytes": 0,
     "cuda_sn_max_bytes": {"float8_e4m3fn": 256 * _ROWS, "bfloat16": 0},
     "cuda_sn_programs_per_sm": 4,
+    "cuda_sn_pdl": True,
     "cuda_ll_early": True,
 }
 
@@ -322,8 +326,9 @@ class QueryGather:
         self.memory = kind if chosen == "direct" else None
         self.impl = self._choose_impl(impl, reasons)
         self._pdl_max = int(TUNING["cuda_pdl_max_tokens"]) if self.impl == "cuda" else 0
+        self._sn_pdl = bool(TUNING["cuda_sn_pdl"])
         if self._pdl_max:
-            reasons.append(f"PDL launch for T <= {self._pdl_max}")
+            reasons.append(f"PDL launch for T <= {self._pdl_max}" + (" and every SN call" if self._sn_pdl else ""))
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange
@@ -741,7 +746,8 @@ class QueryGather:
         if self.impl == "cuda":
             from . import ops
 
-            pdl = K.MODE_PDL if self._pdl_max >= T else 0  # PDL for T <= cuda_pdl_max_tokens (local to a rank)
+            # PDL for T <= cuda_pdl_max_tokens, and for every SN call with cuda_sn_pdl (local to a rank)
+            pdl = K.MODE_PDL if self._pdl_max >= T or (mode == K.MODE_PUSH_SN and self._sn_pdl) else 0
             if mode in (K.MODE_PUSH_LL, K.MODE_PUSH_SN) and self._early:
                 pdl |= K.MODE_EARLY
 

@@ -81,6 +81,8 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     )
     v.append(("direct-cuda-auto-vmm-sn-p2", dict(cu, tuning={"cuda_sn_programs_per_sm": 2})))
     v.append(("direct-cuda-auto-vmm-sn-nopdl", dict(cu, tuning={"cuda_sn_pdl": False})))
+    v.append(("direct-cuda-auto-vmm-sn8", dict(cu, tuning={"cuda_sn_wide_min_bytes": big})))  # 8-byte stores only
+    v.append(("direct-cuda-auto-vmm-sn16", dict(cu, tuning={"cuda_sn_wide_min_bytes": 0})))  # 16-byte only
     v.append(("direct-cuda-zerocopy-auto-vmm", dict(cu, exchange="auto", zerocopy=True)))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     # grid size: 1, 3 and 4 blocks per SM (default 2)

@@ -85,12 +85,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
   // (epoch, cos/sin), so those latencies overlap (the round is emitted after the barrier)
   const Sources own{a.q_nope, a.q_pe, a.s_nt, a.s_nh, a.s_pt, a.s_ph, a.rank, 1, 0, nullptr};
   Item early[kUnroll];
-#ifdef PEERDCP_QUERY_SN16
-  constexpr bool kSn16 = MODE == kPushSN && !NEOX;
-#else
-  constexpr bool kSn16 = false;
-#endif
-  if constexpr (MODE == kPushLL || (MODE == kPushSN && !kSn16)) {
+  if constexpr (MODE == kPushLL || MODE == kPushSN) {
     if (a.early) {
       const int n = (u1 - u0) * items_per_unit<NEOX>(a);
 #pragma unroll
@@ -147,12 +142,10 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     }
     if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
     return;
-#ifdef PEERDCP_QUERY_SN16
-  } else if constexpr (kSn16) {
+  } else if constexpr (MODE == kPushSN16) {  // the SN publish with 16-byte stores (interleaved RoPE)
     publish_sn16(a, cs, u0, u1, own, pub);
     if (W > 1) copy_rows_sn16(a, u0, u1, par, pub.f);
     return;
-#endif
   } else if constexpr (MODE == kPushSN) {
     // the data itself replaces the area's rest pattern: no flag bytes, no fence (launched for FP8 only)
     if (a.early) {
@@ -268,6 +261,10 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.early = (mode & kModeEarly) != 0;
   if ((mode & kModeEarly) && (mode & ~kModeBits) != kPushLL && (mode & ~kModeBits) != kPushSN)
     return (int)cudaErrorInvalidValue;
+  // the wide bit: SN with interleaved RoPE only (its pairs are output words 2i, 2i + 1 of one row); it
+  // loads its own rounds (no early load)
+  const bool wide = (mode & kModeWide) != 0;
+  if (wide && ((mode & ~kModeBits) != kPushSN || neox || (mode & kModeEarly))) return (int)cudaErrorInvalidValue;
   if (T <= 0) return (int)cudaSuccess;
   const bool pdl = (mode & kModePdl) != 0;
   switch (mode & ~kModeBits) {
@@ -287,6 +284,7 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
       return (int)launch_mode<kPushLL12>(a, neox != 0, fp8 != 0, pdl, stream);
     case kPushSN:  // FP8 rows only; the area holds sn_max_tokens rows
       if (!fp8 || T > sn_max_tokens) return (int)cudaErrorInvalidValue;
+      if (wide) return (int)launch_one(query_direct_kernel<kPushSN16, false, true>, a, pdl, stream);
       return (int)launch_one(neox ? query_direct_kernel<kPushSN, true, true> : query_direct_kernel<kPushSN, false, true>,
                              a, pdl, stream);
     case kPushLL128: {
@@ -308,7 +306,12 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
 extern "C" int peerdcp_query_sn_blocks_per_sm(int neox, int* blocks) {
   const void* k = neox ? reinterpret_cast<const void*>(query_direct_kernel<kPushSN, true, true>)
                        : reinterpret_cast<const void*>(query_direct_kernel<kPushSN, false, true>);
-  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k, kThreads, 0);
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k, kThreads, 0);
+  if (err != cudaSuccess || neox) return (int)err;
+  int wide = 0;  // interleaved objects also launch the SN16 kernel: the grid must fit for both
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&wide, query_direct_kernel<kPushSN16, false, true>, kThreads, 0);
+  *blocks = wide < *blocks ? wide : *blocks;
+  return (int)err;
 }
 
 extern "C" int peerdcp_query_wait_acks(const uint64_t* peer_addrs, int64_t* last_z, void* err, int64_t timeout_ns,

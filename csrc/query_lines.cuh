@@ -6,9 +6,7 @@
 #pragma once
 
 #include "query_common.cuh"
-#ifdef PEERDCP_QUERY_SN16
-#include "query_rows.cuh"  // the experiment below publishes through the unit-item path's loads
-#endif
+#include "query_rows.cuh"  // the SN16 publish goes through the unit-item path's loads and conversion
 
 namespace {
 
@@ -229,10 +227,11 @@ __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t 
   }
 }
 
-#ifdef PEERDCP_QUERY_SN16
-// EXPERIMENT (PEERDCP_NVCC_EXTRA=-DPEERDCP_QUERY_SN16; interleaved RoPE): the SN publish with one 16-byte
-// store per thread - two neighbouring items (output words 2i, 2i + 1 of a row) per thread, stored with
-// st.volatile.v2.u64 (each 8-byte element single-copy atomic, so the consumer checks both halves).
+// SN16 (kPushSN with the kModeWide bit; interleaved RoPE only): the same area, rest state and slot argument,
+// but a thread publishes two neighbouring items (output words 2i, 2i + 1 of a row: 16 bytes) with one
+// st.volatile.v2.u64 - each 8-byte element is single-copy atomic, not the pair, so the consumer takes a pair
+// once neither half is at rest. Fewer, wider NVLink stores: faster for large calls, slower for small ones
+// (longer per-thread chains; session 11, call 3: 10.89 vs 11.35 us at T = 128, 3.55 vs 3.32 at T = 1).
 constexpr int kU16 = 2;  // pairs per thread per round (4 input vectors in flight, as kUnroll)
 
 __device__ void publish_sn16(const Params& a, const CosSin& cs, int u0, int u1, const Sources& own, const Pub& pub) {
@@ -300,7 +299,6 @@ __device__ void copy_rows_sn16(const Params& a, int u0, int u1, int par, uint32_
     });
   }
 }
-#endif
 
 // ------------------------------------------------------------------------------------ PUSH_LL12
 // LL12 (the LL push with denser lines): every 12 output bytes travel with their flag in one 16-byte line

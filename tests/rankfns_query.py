@@ -200,7 +200,8 @@ CUDA_PUSH = {
     "push": {"cuda_ll_max_bytes": _ALL},
     "push_ll12": dict(_OFF, cuda_ll12_max_bytes=_ALL),
     "push_ll128": dict(_OFF, cuda_ll128_max_bytes=_ALL),
-    "push_sn": dict(_OFF, cuda_sn_max_bytes=_ALL),
+    "push_sn": dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=_ALL),  # 8-byte stores
+    "push_sn16": dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=0),  # 16-byte (interleaved RoPE)
     "push_plain": _OFF,
 }
 
@@ -307,6 +308,15 @@ def check_matrix(results: list, names: list[str], memory: str, impls=("triton",)
         assert set(res["paths"]) == want | {"allgather-triton", "allgather-torch"}, (name, sorted(res["paths"]))
 
 
+def _wide(qg, T: int) -> bool:
+    """Whether a copy call of T tokens on ``qg`` is a sentinel push with 16-byte stores (the launch's wide bit)."""
+    return qg._copy_mode(T) == K.MODE_PUSH_SN and qg._sn_wide_min is not None and qg._sn_wide_min < T
+
+
+def _mode_name(qg, T: int, names: dict) -> str:
+    return names[qg._copy_mode(T)] + ("16" if _wide(qg, T) else "")
+
+
 # ---------------------------------------------------------------------------------- back to back
 def back_to_back(
     n_calls: int,
@@ -320,22 +330,27 @@ def back_to_back(
     ll128_max: int | None = None,
     ll12_max: int | None = None,
     sn_max: int | None = None,
+    sn_wide_min: int | None = None,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
     ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
     ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
-    + rope 64), ``sn_max`` / ``ll12_max`` / ``ll128_max`` the SN / LL12 / LL128 bounds likewise; ``modes``
-    names the exchanges used."""
+    + rope 64), ``sn_max`` / ``ll12_max`` / ``ll128_max`` the SN / LL12 / LL128 bounds likewise, and
+    ``sn_wide_min`` the SN calls' 16-byte-store bound (``push_sn16`` above it); ``modes`` names the exchanges
+    used."""
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max, ll12_max, sn_max)
+            return back_to_back(
+                n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max, ll12_max, sn_max, sn_wide_min
+            )
     row = H * 576 * out_dtype.itemsize
     bounds = {"cuda_ll_max_bytes": ll_max, "cuda_ll12_max_bytes": ll12_max, "cuda_ll128_max_bytes": ll128_max}
     bounds["cuda_sn_max_bytes"] = sn_max
+    bounds["cuda_sn_wide_min_bytes"] = sn_wide_min
     if any(b is not None for b in bounds.values()):
         with mock.patch.dict(gather_mod.TUNING, {k: b * row for k, b in bounds.items() if b is not None}):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype, None, None, None)
+            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype, None, None, None, None)
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     g = torch.Generator().manual_seed(99)
@@ -355,7 +370,7 @@ def back_to_back(
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
         names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12", K.MODE_PUSH_SN: "push_sn"})
-        info["modes"] = sorted({"exposed" if e else names[qg._copy_mode(T)] for T, e in plan})
+        info["modes"] = sorted({"exposed" if e else _mode_name(qg, T, names) for T, e in plan})
         for i, (T, exposed) in enumerate(plan):
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
             out = poisoned(qg, T)
@@ -619,6 +634,7 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
         "memory": qg.memory,
         "seconds": dt,
         "copy_mode": qg._copy_mode(T),
+        "wide": _wide(qg, T),
     }
     del g
     qg.close()

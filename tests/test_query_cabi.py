@@ -19,14 +19,16 @@ pytestmark = pytest.mark.skipif(
 INVALID = 1  # cudaErrorInvalidValue
 
 
-def _call(*, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1, sn_max=0) -> int:
+def _call(
+    *, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1, sn_max=0, neox=0
+) -> int:
     from peerdcp.query import ops
 
     lib = ops.load()
     peers = (ctypes.c_uint64 * 8)(*([0x1000] * 8))
     return lib.peerdcp_query_direct(
         None, None, 0, 0, 0, 0, None, 0, None, 0, None, ctypes.cast(peers, ctypes.c_void_p), None, None, None,
-        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, 0, sn_max, nprog, mode, 0,
+        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, 0, sn_max, nprog, mode, neox,
         fp8, 2,
         None,
     )  # fmt: skip
@@ -55,10 +57,18 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(mode=K.MODE_PUSH_SN, T=9, sn_max=8) == INVALID
     assert _call(mode=K.MODE_PUSH_SN | K.MODE_EARLY, T=9, sn_max=8) == INVALID
     assert _call(mode=K.MODE_PUSH_SN, T=1, sn_max=8, fp8=0) == INVALID
+    # the wide bit (16-byte SN stores): SN with interleaved RoPE only, never with the early bit
+    wide = K.MODE_PUSH_SN | K.MODE_WIDE
+    assert _call(mode=wide, T=9, sn_max=8) == INVALID
+    assert _call(mode=wide | K.MODE_EARLY, T=1, sn_max=8) == INVALID
+    assert _call(mode=wide, T=1, sn_max=8, neox=1) == INVALID
+    for mode in (K.MODE_PUSH_LL, K.MODE_PUSH, K.MODE_RAW):
+        assert _call(mode=mode | K.MODE_WIDE, T=1, ll_max=8) == INVALID
 
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():
     modes = (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH, K.MODE_PUSH_LL, K.MODE_PUSH_LL128, K.MODE_PUSH_LL12)
-    for mode in modes + (K.MODE_PUSH_SN, K.MODE_PUSH_LL | K.MODE_EARLY, K.MODE_PUSH_SN | K.MODE_EARLY):
+    extra = (K.MODE_PUSH_SN, K.MODE_PUSH_SN | K.MODE_WIDE, K.MODE_PUSH_LL | K.MODE_EARLY, K.MODE_PUSH_SN | K.MODE_EARLY)
+    for mode in modes + extra:
         for pdl in (0, K.MODE_PDL):
             assert _call(T=0, mode=mode | pdl) == 0

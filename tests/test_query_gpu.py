@@ -71,7 +71,7 @@ GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
 @pytest.mark.parametrize(
     "memory,impl,mode",
     [(m, i, x) for m in ("vmm", "symm") for i in ("cuda", "triton") for x in GRAPH_MODES]
-    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128", "push_sn")],  # CUDA only
+    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128", "push_sn", "push_sn16")],
 )
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
     res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
@@ -84,20 +84,20 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
             assert r["copy_mode"] == K.MODE_PUSH_LL128, r
         if mode == "push_ll12":
             assert r["copy_mode"] == K.MODE_PUSH_LL12, r
-        if mode == "push_sn":
-            assert r["copy_mode"] == K.MODE_PUSH_SN, r
+        if mode in ("push_sn", "push_sn16"):  # CUDA only, as LL12 / LL128
+            assert r["copy_mode"] == K.MODE_PUSH_SN and r["wide"] == (mode == "push_sn16"), r
         if mode == "push_plain":
             assert r["copy_mode"] == K.MODE_PUSH, r
 
 
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_back_to_back_eager(gpool, impl):
-    # raw for T <= 8, then push: with the CUDA kernel LL up to 12, SN up to 18, LL12 up to 24, LL128 up to 32,
-    # the fenced push above; every third call zero-copy; one object, no barrier
+    # raw for T <= 8, then push: with the CUDA kernel LL up to 12, SN up to 18 (16-byte stores above 15), LL12
+    # up to 24, LL128 up to 32, the fenced push above; every third call zero-copy; one object, no barrier
     kw = dict(H=16, max_T=48, impl=impl, memory="vmm", raw_max=8, ll_max=12, sn_max=18, ll12_max=24, ll128_max=32)
-    for r in gpool.run(fns.back_to_back, 200, **kw):
+    for r in gpool.run(fns.back_to_back, 200, sn_wide_min=15, **kw):
         assert r["bad"] == [] and r["impl"] == impl, r
-        cuda = ["exposed", "push", "push_ll", "push_ll12", "push_ll128", "push_sn", "raw"]
+        cuda = ["exposed", "push", "push_ll", "push_ll12", "push_ll128", "push_sn", "push_sn16", "raw"]
         assert r["modes"] == (cuda if impl == "cuda" else ["exposed", "push", "raw"]), r
 
 
@@ -117,9 +117,10 @@ def test_gpu_back_to_back_eager_bf16_auto(gpool):
         ("cuda", fns.CUDA_PUSH["push_ll128"], K.MODE_PUSH_LL128),
         ("cuda", fns.CUDA_PUSH["push_ll12"], K.MODE_PUSH_LL12),
         ("cuda", fns.CUDA_PUSH["push_sn"], K.MODE_PUSH_SN),
+        ("cuda", fns.CUDA_PUSH["push_sn16"], K.MODE_PUSH_SN),
         ("triton", {}, K.MODE_PUSH),
     ],
-    ids=["cuda_ll", "cuda_ll128", "cuda_ll12", "cuda_sn", "triton"],
+    ids=["cuda_ll", "cuda_ll128", "cuda_ll12", "cuda_sn", "cuda_sn16", "triton"],
 )
 def test_gpu_missing_peer_times_out(gpool, impl, tuning, mode):
     res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl, tuning)

@@ -99,3 +99,9 @@ def test_sentinel_bound_is_off_for_bf16():
     # the rest pattern is an FP8 code (0xFF) no conversion produces; BF16 rows may carry any 16-bit pattern
     # (the host also forces the bound to 0 for BF16 output whatever TUNING says)
     assert G.tuning_bytes("cuda_sn_max_bytes", torch.bfloat16) == 0
+
+
+def test_sentinel_wide_stores_above_64_tokens_of_32_heads():
+    # SN calls above this publish pairs of words with 16-byte stores (interleaved RoPE; measured faster from
+    # T = 64 on at 32 heads, slower below)
+    assert G.tuning_bytes("cuda_sn_wide_min_bytes", torch.float8_e4m3fn) // (32 * 576) == 64

@@ -104,6 +104,10 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # "cuda_sn_pdl": SN calls launch with PDL at every T (else by "cuda_pdl_max_tokens"): session 11, call 2, FP8 32
 # heads, with / without above T = 32: 7.26 / 7.74 us at 64, 11.36 / 11.74 at 128, 21.85 / 22.35 at 256,
 # 39.97 / 40.80 at 512 (16 and 64 heads alike).
+# "cuda_sn_wide_min_bytes": SN calls above this many bytes per source publish pairs of words with one 16-byte
+# store per thread (interleaved RoPE only; NeoX calls always 8-byte): session 11, call 3, FP8 32 heads, 16- /
+# 8-byte: 3.55 / 3.32 us at T = 1, 4.11 / 4.00 at 8, 5.39 / 5.32 at 32, 7.24 / 7.30 at 64, 10.89 / 11.35 at
+# 128, 19.68 / 21.76 at 256 (separate processes, the default in both).
 # "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
@@ -115,6 +119,7 @@ TUNING = {
     "cuda_sn_max_bytes": {"float8_e4m3fn": 256 * _ROWS, "bfloat16": 0},
     "cuda_sn_programs_per_sm": 4,
     "cuda_sn_pdl": True,
+    "cuda_sn_wide_min_bytes": 64 * _ROWS,
     "cuda_ll_early": True,
 }
 
@@ -327,6 +332,7 @@ class QueryGather:
         self.impl = self._choose_impl(impl, reasons)
         self._pdl_max = int(TUNING["cuda_pdl_max_tokens"]) if self.impl == "cuda" else 0
         self._sn_pdl = bool(TUNING["cuda_sn_pdl"])
+        self._sn_wide_min: int | None = None  # SN calls with T above it use 16-byte stores (None: never)
         if self._pdl_max:
             reasons.append(f"PDL launch for T <= {self._pdl_max}" + (" and every SN call" if self._sn_pdl else ""))
         self.exchange = exchange if chosen == "direct" else None
@@ -344,6 +350,8 @@ class QueryGather:
                     bound["sn"] = 0
                 self._ll_max = bound["ll"]
                 self._sn_max = bound["sn"] if bound["sn"] > self._ll_max else 0
+                if self._sn_max and rope_style == "interleaved":
+                    self._sn_wide_min = tuning_bytes("cuda_sn_wide_min_bytes", out_dtype) // row_bytes
                 below = max(self._ll_max, self._sn_max)
                 self._ll12_max = bound["ll12"] if bound["ll12"] > below else 0
                 self._ll128_max = bound["ll128"] if bound["ll128"] > max(below, self._ll12_max) else 0
@@ -360,6 +368,8 @@ class QueryGather:
             if ll_rule:
                 rule = ll_rule + ", then " + rule
             reasons.append(f"exchange {exchange}" + (f" ({rule})" if exchange == "auto" else ""))
+            if self._sn_wide_min is not None and self._sn_wide_min < self._sn_max:
+                reasons.append(f"SN calls with T > {self._sn_wide_min} store 16 bytes per thread")
             if ll_rule and exchange == "push":
                 reasons.append(ll_rule.replace(" push", " protocol"))
             self._setup_direct(num_programs, reasons)
@@ -748,7 +758,9 @@ class QueryGather:
 
             # PDL for T <= cuda_pdl_max_tokens, and for every SN call with cuda_sn_pdl (local to a rank)
             pdl = K.MODE_PDL if self._pdl_max >= T or (mode == K.MODE_PUSH_SN and self._sn_pdl) else 0
-            if mode in (K.MODE_PUSH_LL, K.MODE_PUSH_SN) and self._early:
+            if mode == K.MODE_PUSH_SN and self._sn_wide_min is not None and self._sn_wide_min < T:
+                pdl |= K.MODE_WIDE  # 16-byte stores (no early load: the SN16 kernel loads pairs)
+            elif mode in (K.MODE_PUSH_LL, K.MODE_PUSH_SN) and self._early:
                 pdl |= K.MODE_EARLY
 
             ops.query_direct(

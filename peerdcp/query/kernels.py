@@ -108,6 +108,7 @@ MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-b
 MODE_PUSH_SN = 7  # CUDA kernel only, FP8: the sentinel push, no flag bytes (csrc/query_lines.cuh)
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL / _SN: load the first inputs before the barrier
+MODE_WIDE = 32  # CUDA kernel only: a bit added to MODE_PUSH_SN (interleaved RoPE): 16-byte stores, pairs of words
 SLOT_Z = 2
 # the same values as constexprs, for use inside @triton.jit (Triton only reads constexpr globals)
 _RAW = tl.constexpr(MODE_RAW)

@@ -129,6 +129,11 @@ __device__ __forceinline__ uint64_t sn_word(uint2 v) {
   return w == kSnRest ? (kSnRest >> 1) : w;
 }
 
+// Byte `off` of the buffer of the i-th peer after this rank (1 <= i < W), as 8-byte words (the SN stores).
+__device__ __forceinline__ uint64_t* peer_word(const Params& a, int i, int64_t off) {
+  return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + off);
+}
+
 // PUSH_SN area (offset from a rank's buffer base) of parity `par`, source `src`: the finished FP8 rows
 // [sn_max_tokens, H, D], unit-major as in a push region; every 8-byte word not (yet) written holds kSnRest.
 __device__ __forceinline__ int64_t sn_region(const Params& a, int par, int src) {

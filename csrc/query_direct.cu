@@ -27,10 +27,11 @@
 // PUSH_SN (mode 7, FP8 only): PUSH_LL's work split with no flag at all - each 8-byte word replaces a rest
 // pattern in the peer's sentinel area and the consumer restores it (query_lines.cuh).
 // PUSH_LL128 (mode 5; query_push_ll128_kernel): lines of 128 bytes, 15 data words and a flag word.
-// The host picks among LL, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
+// PUSH_SN16 (PUSH_SN | kModeWide, interleaved RoPE): PUSH_SN with one 16-byte store per pair of words.
+// The host picks among LL, SN, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
 //
 // PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it for T <= 32 by default, where it
-// measured faster - it measured slower at T >= 64, session 5): the launch
+// measured faster - it measured slower at T >= 64, session 5 - and for every SN call, session 11): the launch
 // carries cudaLaunchAttributeProgrammaticStreamSerialization, and every block first executes
 // griddepcontrol.wait - it returns once the preceding grid has completed and its memory is visible, the
 // same guarantee as stream order, before any load or store here, so the slot/ack argument is unchanged -
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     return;
   } else if constexpr (MODE == kPushSN16) {  // the SN publish with 16-byte stores (interleaved RoPE)
     publish_sn16(a, cs, u0, u1, own, pub);
-    if (W > 1) copy_rows_sn16(a, u0, u1, par, pub.f);
+    if (W > 1) copy_rows_sn<2>(a, u0, u1, par, pub.f);
     return;
   } else if constexpr (MODE == kPushSN) {
     // the data itself replaces the area's rest pattern: no flag bytes, no fence (launched for FP8 only)
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     } else {
       compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub);
     }
-    if (W > 1) copy_rows_sn(a, u0, u1, par, pub.f);
+    if (W > 1) copy_rows_sn<1>(a, u0, u1, par, pub.f);
     return;
   } else if constexpr (MODE == kPushLL12) {
     publish_ll12<NEOX, FP8>(a, cs, u0, u1, par, pub.f);
@@ -285,8 +286,8 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
     case kPushSN:  // FP8 rows only; the area holds sn_max_tokens rows
       if (!fp8 || T > sn_max_tokens) return (int)cudaErrorInvalidValue;
       if (wide) return (int)launch_one(query_direct_kernel<kPushSN16, false, true>, a, pdl, stream);
-      return (int)launch_one(neox ? query_direct_kernel<kPushSN, true, true> : query_direct_kernel<kPushSN, false, true>,
-                             a, pdl, stream);
+      return (int)launch_one(
+          neox ? query_direct_kernel<kPushSN, true, true> : query_direct_kernel<kPushSN, false, true>, a, pdl, stream);
     case kPushLL128: {
       // the LL128 area holds ll128_lines lines per source: ceil(T * H * D * osize / 8 / 15) of them
       const int64_t words = (int64_t)T * H * (NOPE + ROPE) * (fp8 ? 1 : 2) / 8;

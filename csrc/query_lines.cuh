@@ -1,8 +1,8 @@
 // Query gather CUDA kernels (see query_direct.cu), part 3: the flag-in-data push protocols, where every
 // line of finished rows carries the call's flag (no fence, no ready flag) - LL (consume; its publish is
 // the unit-item path's kPubPeersLL store), the sentinel push SN (no flag at all: the data replaces a rest
-// pattern; consume, its publish is the kPubPeersSN store), LL12 (publish and consume of 8-byte output words in triples) and
-// LL128 (its own kernel).
+// pattern; consume, its publish is the kPubPeersSN store; SN16 publish and consume), LL12 (publish and consume
+// of 8-byte output words in triples) and LL128 (its own kernel).
 #pragma once
 
 #include "query_common.cuh"
@@ -193,8 +193,12 @@ __device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t 
 // performed before the peer's next kernel starts). A word is restored only after its new value was seen, so a
 // restore never erases a word of the call being read. A call that timed out leaves the words that never came
 // at rest and restores the others.
+//
+// kW 8-byte words per item: 1 (SN) or 2 (SN16, one ld.volatile.v2.u64: each half is single-copy atomic, not
+// the pair, so a pair is taken once neither half is at rest).
+template <int kW>
 __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t f) {
-  const int nq = (a.NOPE + a.ROPE) / 8;  // 8-byte words per FP8 row
+  const int nq = (a.NOPE + a.ROPE) / (8 * kW);  // items per FP8 row
   const int per_src = (u1 - u0) * nq;
   const int n = (a.W - 1) * per_src;
   char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
@@ -213,15 +217,24 @@ __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t 
       const int s = peer_of(a, idx, per_src);
       const int rem = idx % per_src;
       const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
-      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s)) + (int64_t)u * nq + q;
-      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 + 8 * (int64_t)q;
+      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s)) + kW * ((int64_t)u * nq + q);
+      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 * kW + 8 * kW * (int64_t)q;
       peer[k] = s;
     }
     expired = poll_round(a, need, peer, f, t0, [&](int k) {
-      const uint64_t w = peerdcp::ld_volatile_u64(src[k]);
-      if (w == kSnRest) return false;
-      *reinterpret_cast<uint64_t*>(static_cast<char*>(a.out) + dst_off[k]) = w;
-      *src[k] = kSnRest;  // back at rest for the call e + 2 that reuses this parity area
+      char* const dst = static_cast<char*>(a.out) + dst_off[k];
+      if constexpr (kW == 1) {
+        const uint64_t w = peerdcp::ld_volatile_u64(src[k]);
+        if (w == kSnRest) return false;
+        *reinterpret_cast<uint64_t*>(dst) = w;
+        *src[k] = kSnRest;  // back at rest for the call e + 2 that reuses this parity area
+      } else {
+        uint64_t x, y;
+        peerdcp::ld_volatile_v2u64(src[k], x, y);
+        if (x == kSnRest || y == kSnRest) return false;
+        *reinterpret_cast<uint4*>(dst) = make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y, (uint32_t)(y >> 32));
+        *reinterpret_cast<uint4*>(src[k]) = make_uint4(~0u, ~0u, ~0u, ~0u);  // back at rest
+      }
       return true;
     });
   }
@@ -259,44 +272,8 @@ __device__ void publish_sn16(const Params& a, const CosSin& cs, int u0, int u1, 
       const int64_t mine = sn_region(a, pub.slot, a.rank) + ((int64_t)t * a.H + h) * D + 8 * j;
       const uint64_t s0 = sn_word(w0), s1 = sn_word(w1);
       for (int i = 1; i < a.W; ++i)
-        peerdcp::st_volatile_v2u64(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine), s0, s1);
+        peerdcp::st_volatile_v2u64(peer_word(a, i, mine), s0, s1);
     }
-  }
-}
-
-__device__ void copy_rows_sn16(const Params& a, int u0, int u1, int par, uint32_t f) {
-  const int nq = (a.NOPE + a.ROPE) / 16;  // 16-byte pairs per FP8 row
-  const int per_src = (u1 - u0) * nq;
-  const int n = (a.W - 1) * per_src;
-  char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
-  uint64_t t0 = 0;
-  bool expired = false;
-  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
-    uint64_t* src[kUnroll];
-    int64_t dst_off[kUnroll];
-    int peer[kUnroll];
-    bool need[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int idx = base + k * kThreads;
-      need[k] = idx < n;
-      if (!need[k]) continue;
-      const int s = peer_of(a, idx, per_src);
-      const int rem = idx % per_src;
-      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
-      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s)) + 2 * ((int64_t)u * nq + q);
-      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 16 + 16 * (int64_t)q;
-      peer[k] = s;
-    }
-    expired = poll_round(a, need, peer, f, t0, [&](int k) {
-      uint64_t x, y;
-      peerdcp::ld_volatile_v2u64(src[k], x, y);
-      if (x == kSnRest || y == kSnRest) return false;
-      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + dst_off[k]) =
-          make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y, (uint32_t)(y >> 32));
-      *reinterpret_cast<uint4*>(src[k]) = make_uint4(~0u, ~0u, ~0u, ~0u);  // back at rest
-      return true;
-    });
   }
 }
 

@@ -94,8 +94,7 @@ __device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, 
     static_assert(sizeof(V) == 8, "the sentinel push moves FP8 rows only");
     const int64_t mine = sn_region(a, pub.slot, a.rank) + row_off + off;
     const uint64_t w = sn_word(v);
-    for (int i = 1; i < a.W; ++i)
-      peerdcp::st_volatile_u64(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine), w);
+    for (int i = 1; i < a.W; ++i) peerdcp::st_volatile_u64(peer_word(a, i, mine), w);
   }
 }
 

@@ -19,7 +19,7 @@ constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
 constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kPushLL12 = 6;
-constexpr int kPushSN = 7;  // the sentinel push (query_lines.cuh), FP8 output only
+constexpr int kPushSN = 7;  // the sentinel push (query_lines.cuh)
 constexpr int kPushSN16 = 64 + kPushSN;  // its 16-byte-store kernel: a template value (the ABI: kPushSN | kModeWide)
 constexpr int kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
@@ -54,7 +54,7 @@ struct Params {
   int64_t ll_off, ll_max_tokens;  // PUSH_LL area: [2 parity][W src][ll_max_tokens][H][2 * D * osize] bytes
   int64_t ll128_off, ll128_lines; // PUSH_LL128 area: [2 parity][W src][ll128_lines] 128-byte lines
   int early;                      // PUSH_LL / _SN: load the first round of inputs before the epoch / cos-sin barrier
-  int64_t sn_off, sn_max_tokens;  // PUSH_SN area: [2 parity][W src][sn_max_tokens][H][D] FP8 bytes, at rest 0xFF
+  int64_t sn_off, sn_max_tokens;  // PUSH_SN area: [2 parity][W src][sn_max_tokens][H][D] out-dtype rows, at rest 0xFF
 };
 
 // Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.
@@ -120,13 +120,22 @@ __device__ __forceinline__ int64_t ll_region(const Params& a, int par, int src, 
   return a.ll_off + (int64_t)(par * a.W + src) * a.ll_max_tokens * a.H * 2 * (int64_t)(a.NOPE + a.ROPE) * osize;
 }
 
-// PUSH_SN: the rest state of every 8-byte word of the sentinel area - eight e4m3 codes 0xFF (-NaN), which the
-// FP8 conversion (cvt.rn.satfinite: NaN -> the canonical 0x7F) never produces. sn_word() keeps it so even if
-// a conversion did: a published word equal to the rest state goes out with its top code 0x7F (NaN as well).
+// PUSH_SN: the rest state of every 8-byte word of the sentinel area - all bits set. FP8: eight e4m3 codes 0xFF
+// (-NaN), which the conversion (cvt.rn.satfinite: NaN -> the canonical 0x7F) never produces; sn_word() keeps it
+// so even if a conversion did: a word equal to the rest state goes out with its top code 0x7F (NaN as well).
+// BF16: a half 0xFFFF (-NaN) can pass through from the input (the nope part is copied bit for bit), so
+// sn_word_bf16() sends every such half as the canonical NaN 0x7FC0 - the one place where an SN call's bytes
+// can differ from the other exchanges' (a NaN stays a NaN).
 constexpr uint64_t kSnRest = ~0ull;
 __device__ __forceinline__ uint64_t sn_word(uint2 v) {
   const uint64_t w = ((uint64_t)v.y << 32) | v.x;
   return w == kSnRest ? (kSnRest >> 1) : w;
+}
+__device__ __forceinline__ uint32_t sn_bf16_pair(uint32_t w) {  // 0xFFFF halves -> 0x7FC0 (0xFFFF ^ 0x803F)
+  return w ^ (__vcmpeq2(w, 0xffffffffu) & 0x803f803fu);
+}
+__device__ __forceinline__ uint64_t sn_word_bf16(uint32_t lo, uint32_t hi) {
+  return ((uint64_t)sn_bf16_pair(hi) << 32) | sn_bf16_pair(lo);
 }
 
 // Byte `off` of the buffer of the i-th peer after this rank (1 <= i < W), as 8-byte words (the SN stores).
@@ -134,10 +143,11 @@ __device__ __forceinline__ uint64_t* peer_word(const Params& a, int i, int64_t o
   return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + off);
 }
 
-// PUSH_SN area (offset from a rank's buffer base) of parity `par`, source `src`: the finished FP8 rows
-// [sn_max_tokens, H, D], unit-major as in a push region; every 8-byte word not (yet) written holds kSnRest.
-__device__ __forceinline__ int64_t sn_region(const Params& a, int par, int src) {
-  return a.sn_off + (int64_t)(par * a.W + src) * a.sn_max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE);
+// PUSH_SN area (offset from a rank's buffer base) of parity `par`, source `src`: the finished rows
+// [sn_max_tokens, H, D] of the out dtype (osize bytes), unit-major as in a push region; every 8-byte word not
+// (yet) written holds kSnRest.
+__device__ __forceinline__ int64_t sn_region(const Params& a, int par, int src, int osize) {
+  return a.sn_off + (int64_t)(par * a.W + src) * a.sn_max_tokens * a.H * (int64_t)(a.NOPE + a.ROPE) * osize;
 }
 
 __device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {

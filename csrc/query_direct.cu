@@ -24,7 +24,7 @@
 // peer's call e - the last reader of the area that call e + 2 writes - in stream order).
 //
 // PUSH_LL12 (mode 6): PUSH_LL with lines {3 data words, flag}, 3/4 data.
-// PUSH_SN (mode 7, FP8 only): PUSH_LL's work split with no flag at all - each 8-byte word replaces a rest
+// PUSH_SN (mode 7): PUSH_LL's work split with no flag at all - each 8-byte word replaces a rest
 // pattern in the peer's sentinel area and the consumer restores it (query_lines.cuh).
 // PUSH_LL128 (mode 5; query_push_ll128_kernel): lines of 128 bytes, 15 data words and a flag word.
 // PUSH_SN16 (PUSH_SN | kModeWide, interleaved RoPE): PUSH_SN with one 16-byte store per pair of words.
@@ -145,17 +145,17 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     return;
   } else if constexpr (MODE == kPushSN16) {  // the SN publish with 16-byte stores (interleaved RoPE)
     publish_sn16(a, cs, u0, u1, own, pub);
-    if (W > 1) copy_rows_sn<2>(a, u0, u1, par, pub.f);
+    if (W > 1) copy_rows_sn<2>(a, u0, u1, par, pub.f, osize);
     return;
   } else if constexpr (MODE == kPushSN) {
-    // the data itself replaces the area's rest pattern: no flag bytes, no fence (launched for FP8 only)
+    // the data itself replaces the area's rest pattern: no flag bytes, no fence
     if (a.early) {
       emit_round<NEOX, FP8, kPubPeersSN>(a, cs, early, pub);
       compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
     } else {
       compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub);
     }
-    if (W > 1) copy_rows_sn<1>(a, u0, u1, par, pub.f);
+    if (W > 1) copy_rows_sn<FP8 ? 1 : 2>(a, u0, u1, par, pub.f, osize);
     return;
   } else if constexpr (MODE == kPushLL12) {
     publish_ll12<NEOX, FP8>(a, cs, u0, u1, par, pub.f);
@@ -283,11 +283,10 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
     case kPushLL12:
       if (T > ll_max_tokens || (NOPE + ROPE) * (fp8 ? 1 : 2) % (8 * kTriple)) return (int)cudaErrorInvalidValue;
       return (int)launch_mode<kPushLL12>(a, neox != 0, fp8 != 0, pdl, stream);
-    case kPushSN:  // FP8 rows only; the area holds sn_max_tokens rows
-      if (!fp8 || T > sn_max_tokens) return (int)cudaErrorInvalidValue;
+    case kPushSN:  // the area holds sn_max_tokens rows; the wide kernel is FP8 only
+      if (T > sn_max_tokens || (wide && !fp8)) return (int)cudaErrorInvalidValue;
       if (wide) return (int)launch_one(query_direct_kernel<kPushSN16, false, true>, a, pdl, stream);
-      return (int)launch_one(
-          neox ? query_direct_kernel<kPushSN, true, true> : query_direct_kernel<kPushSN, false, true>, a, pdl, stream);
+      return (int)launch_mode<kPushSN>(a, neox != 0, fp8 != 0, pdl, stream);
     case kPushLL128: {
       // the LL128 area holds ll128_lines lines per source: ceil(T * H * D * osize / 8 / 15) of them
       const int64_t words = (int64_t)T * H * (NOPE + ROPE) * (fp8 ? 1 : 2) / 8;
@@ -301,14 +300,15 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   }
 }
 
-// Blocks of the PUSH_SN kernel (FP8; NeoX or interleaved RoPE) that fit on one SM at once: the host sizes the
-// grid of an object whose copy calls use the sentinel push by it (QueryGather: at most
+// Blocks of the PUSH_SN kernel (NeoX or interleaved RoPE, FP8 or BF16) that fit on one SM at once: the host
+// sizes the grid of an object whose copy calls use the sentinel push by it (QueryGather: at most
 // TUNING["cuda_sn_programs_per_sm"]).
-extern "C" int peerdcp_query_sn_blocks_per_sm(int neox, int* blocks) {
-  const void* k = neox ? reinterpret_cast<const void*>(query_direct_kernel<kPushSN, true, true>)
-                       : reinterpret_cast<const void*>(query_direct_kernel<kPushSN, false, true>);
-  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k, kThreads, 0);
-  if (err != cudaSuccess || neox) return (int)err;
+extern "C" int peerdcp_query_sn_blocks_per_sm(int neox, int fp8, int* blocks) {
+  void (*const kernels[2][2])(const Params) = {
+      {query_direct_kernel<kPushSN, false, false>, query_direct_kernel<kPushSN, false, true>},
+      {query_direct_kernel<kPushSN, true, false>, query_direct_kernel<kPushSN, true, true>}};
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernels[neox != 0][fp8 != 0], kThreads, 0);
+  if (err != cudaSuccess || neox || !fp8) return (int)err;
   int wide = 0;  // interleaved objects also launch the SN16 kernel: the grid must fit for both
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&wide, query_direct_kernel<kPushSN16, false, true>, kThreads, 0);
   *blocks = wide < *blocks ? wide : *blocks;

@@ -181,9 +181,9 @@ __device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t 
 }
 
 // ------------------------------------------------------------------------------------ PUSH_SN
-// The sentinel push (FP8 output only): the LL push's publish and work split, but every 8 output bytes travel
-// as they are - one single-copy-atomic 8-byte store (st.volatile.u64) into our region of every peer's sentinel
-// area - instead of a 16-byte line that is half flags. The area's rest state is kSnRest in every word (the
+// The sentinel push: the LL push's publish and work split, but every 8 output bytes travel as they are - one
+// single-copy-atomic 8-byte store (st.volatile.u64; BF16: two in one st.volatile.v2.u64) into our region of
+// every peer's sentinel area - instead of a 16-byte line that is half flags. The area's rest state is kSnRest in every word (the
 // host fills it before any peer can publish); a consumer takes a word once it differs from kSnRest, copies
 // it out and puts kSnRest back, so the area is at rest again after every call (no flag, no epoch in the data).
 //
@@ -194,11 +194,11 @@ __device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t 
 // restore never erases a word of the call being read. A call that timed out leaves the words that never came
 // at rest and restores the others.
 //
-// kW 8-byte words per item: 1 (SN) or 2 (SN16, one ld.volatile.v2.u64: each half is single-copy atomic, not
-// the pair, so a pair is taken once neither half is at rest).
+// kW 8-byte words per item: 1 (FP8 SN) or 2 (FP8 SN16 and BF16 SN: one ld.volatile.v2.u64 - each half is
+// single-copy atomic, not the pair, so a pair is taken once neither half is at rest).
 template <int kW>
-__device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t f) {
-  const int nq = (a.NOPE + a.ROPE) / (8 * kW);  // items per FP8 row
+__device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
+  const int nq = (a.NOPE + a.ROPE) * osize / (8 * kW);  // items per row
   const int per_src = (u1 - u0) * nq;
   const int n = (a.W - 1) * per_src;
   char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
@@ -217,7 +217,7 @@ __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t 
       const int s = peer_of(a, idx, per_src);
       const int rem = idx % per_src;
       const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
-      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s)) + kW * ((int64_t)u * nq + q);
+      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s, osize)) + kW * ((int64_t)u * nq + q);
       dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 * kW + 8 * kW * (int64_t)q;
       peer[k] = s;
     }
@@ -269,7 +269,7 @@ __device__ void publish_sn16(const Params& a, const CosSin& cs, int u0, int u1, 
       const int t = it[k][0].t, h = it[k][0].h, j = it[k][0].j;
       char* orow = static_cast<char*>(out_row(a, t, a.rank * a.H + h, 1));
       *reinterpret_cast<uint4*>(orow + 8 * j) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-      const int64_t mine = sn_region(a, pub.slot, a.rank) + ((int64_t)t * a.H + h) * D + 8 * j;
+      const int64_t mine = sn_region(a, pub.slot, a.rank, 1) + ((int64_t)t * a.H + h) * D + 8 * j;
       const uint64_t s0 = sn_word(w0), s1 = sn_word(w1);
       for (int i = 1; i < a.W; ++i)
         peerdcp::st_volatile_v2u64(peer_word(a, i, mine), s0, s1);

@@ -90,11 +90,15 @@ __device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, 
       if constexpr (osize == 2) peerdcp::st_volatile_v4(d + 1, v.z, pub.f, v.w, pub.f);
     }
   }
-  if constexpr (PUB == kPubPeersSN) {  // 8 FP8 codes -> one single-copy-atomic 8-byte word (query_lines.cuh)
-    static_assert(sizeof(V) == 8, "the sentinel push moves FP8 rows only");
-    const int64_t mine = sn_region(a, pub.slot, a.rank) + row_off + off;
-    const uint64_t w = sn_word(v);
-    for (int i = 1; i < a.W; ++i) peerdcp::st_volatile_u64(peer_word(a, i, mine), w);
+  if constexpr (PUB == kPubPeersSN) {  // single-copy-atomic 8-byte words off the rest state (query_lines.cuh)
+    const int64_t mine = sn_region(a, pub.slot, a.rank, osize) + row_off + off;
+    if constexpr (osize == 1) {  // 8 FP8 codes: one word
+      const uint64_t w = sn_word(v);
+      for (int i = 1; i < a.W; ++i) peerdcp::st_volatile_u64(peer_word(a, i, mine), w);
+    } else {  // 8 bf16 values: two words in one 16-byte store (each word atomic, the consumer checks both)
+      const uint64_t w0 = sn_word_bf16(v.x, v.y), w1 = sn_word_bf16(v.z, v.w);
+      for (int i = 1; i < a.W; ++i) peerdcp::st_volatile_v2u64(peer_word(a, i, mine), w0, w1);
+    }
   }
 }
 

@@ -560,7 +560,9 @@ def lifecycle(cycles: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------- GPU only
-def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: int = 16, n_sets: int = 8) -> dict:
+def gpu_graph(
+    memory: str, impl: str, mode: str, replays: int, T: int = 8, H: int = 16, n_sets: int = 8, out_dtype=FP8
+) -> dict:
     """One gather captured in a CUDA graph and replayed ``replays`` times with changing inputs and positions
     (``n_sets`` sets rotated through static buffers), the output poisoned before every replay and checked
     on the device after it; the ranks replay independently (no barrier, no host sync in the loop).
@@ -578,6 +580,7 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
             memory=memory,
             impl=impl,
             exchange=ex,
+            out_dtype=out_dtype,
             pad_heads_to=64 if W * H <= 64 else None,
             device=dev,
         )
@@ -585,9 +588,10 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
     for k in range(n_sets):
         nopes, pes, pos = make_inputs(700 + k, W, T, H, 512, 64, cs.shape[0])
         sets.append((nopes[me].to(dev), pes[me].to(dev), pos.to(dev)))
-        expected.append(widened_query(nopes, pes, pos, cs_cpu, pad_heads_to=qg.out_heads).view(torch.uint8).to(dev))
+        ref = widened_query(nopes, pes, pos, cs_cpu, out_dtype=out_dtype, pad_heads_to=qg.out_heads)
+        expected.append(ref.view(torch.uint8).to(dev))
     s_nope, s_pe, s_pos = (x.clone() for x in sets[0])
-    out = torch.empty((T, qg.out_heads, qg.head_dim), dtype=FP8, device=dev)
+    out = torch.empty((T, qg.out_heads, qg.head_dim), dtype=out_dtype, device=dev)
 
     def step() -> None:
         if mode == "exposed":
@@ -639,6 +643,38 @@ def gpu_graph(memory: str, impl: str, mode: str, replays: int, T: int = 8, H: in
     del g
     qg.close()
     return res
+
+
+def sn_bf16_nan_halves(T: int = 5, H: int = 8) -> dict:
+    """The BF16 sentinel push with input halves equal to its rest pattern (0xFFFF, a NaN the nope part passes
+    through bit for bit): the peers' copies of those halves arrive as the canonical NaN 0x7FC0, our own rows
+    keep 0xFFFF, every other byte equals the fp32 reference, and the call completes (no consumer waits for a
+    word that looks like rest)."""
+    W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
+    cs = cos_sin_cache("deepseek-v3.2", device=dev)
+    nopes, pes, pos = make_inputs(4242, W, T, H, 512, 64, cs.shape[0])
+    for x in nopes:
+        x.view(torch.int16).view(-1)[::97] = -1  # 0xFFFF halves spread over every row
+    with mock.patch.dict(gather_mod.TUNING, CUDA_PUSH["push_sn"]):
+        qg = QueryGather(max_tokens=T, heads_per_rank=H, backend="direct", impl="cuda", exchange="push",
+                         out_dtype=BF16, device=dev)  # fmt: skip
+    mode = qg._copy_mode(T)
+    out = qg.gather(nopes[me].to(dev), pes[me].to(dev), pos.to(dev), cs)
+    torch.cuda.synchronize()
+    qg.check()
+    qg.close()
+    got = out.cpu().view(torch.int16).view(T, W, H, -1)
+    want = widened_query(nopes, pes, pos, cs.cpu(), out_dtype=BF16).view(torch.int16).view(T, W, H, -1).clone()
+    rest = want == -1
+    for s in range(W):
+        if s != me:
+            want[:, s][rest[:, s]] = 0x7FC0
+    return {
+        "mode": mode,
+        "rest_halves": int(rest.sum()),
+        "equal": bool(torch.equal(got, want)),
+        "mismatches": int((got != want).sum()),
+    }
 
 
 def gpu_bad_inputs() -> dict:

@@ -53,12 +53,13 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(mode=K.MODE_PUSH_LL128, T=2, ll128_lines=153) == INVALID
     for mode in (K.MODE_EARLY, K.MODE_RAW | K.MODE_EARLY, K.MODE_PUSH | K.MODE_EARLY, K.MODE_PUSH_LL128 | 16):
         assert _call(mode=mode, ll_max=8, ll128_lines=1000) == INVALID  # the early bit is for LL / SN push only
-    # SN: FP8 rows only, at most sn_max_tokens of them
+    # SN: at most sn_max_tokens rows (FP8 or BF16)
     assert _call(mode=K.MODE_PUSH_SN, T=9, sn_max=8) == INVALID
+    assert _call(mode=K.MODE_PUSH_SN, T=9, sn_max=8, fp8=0) == INVALID
     assert _call(mode=K.MODE_PUSH_SN | K.MODE_EARLY, T=9, sn_max=8) == INVALID
-    assert _call(mode=K.MODE_PUSH_SN, T=1, sn_max=8, fp8=0) == INVALID
-    # the wide bit (16-byte SN stores): SN with interleaved RoPE only, never with the early bit
+    # the wide bit (16-byte SN stores): FP8 SN with interleaved RoPE only, never with the early bit
     wide = K.MODE_PUSH_SN | K.MODE_WIDE
+    assert _call(mode=wide, T=1, sn_max=8, fp8=0) == INVALID
     assert _call(mode=wide, T=9, sn_max=8) == INVALID
     assert _call(mode=wide | K.MODE_EARLY, T=1, sn_max=8) == INVALID
     assert _call(mode=wide, T=1, sn_max=8, neox=1) == INVALID

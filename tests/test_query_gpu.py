@@ -90,6 +90,18 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
             assert r["copy_mode"] == K.MODE_PUSH, r
 
 
+def test_gpu_graph_10000_replays_bf16_sentinel_push(gpool):
+    for r in gpool.run(fns.gpu_graph, "vmm", "cuda", "push_sn", 10_000, out_dtype=BF16, timeout=900):
+        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == 10_000, r
+        assert r["copy_mode"] == K.MODE_PUSH_SN and not r["wide"], r
+
+
+def test_gpu_bf16_sentinel_push_rest_pattern_inputs(gpool):
+    for r in gpool.run(fns.sn_bf16_nan_halves):
+        assert r["mode"] == K.MODE_PUSH_SN and r["rest_halves"] > 0, r
+        assert r["equal"], r
+
+
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 def test_gpu_back_to_back_eager(gpool, impl):
     # raw for T <= 8, then push: with the CUDA kernel LL up to 12, SN up to 18 (16-byte stores above 15), LL12
@@ -102,12 +114,12 @@ def test_gpu_back_to_back_eager(gpool, impl):
 
 
 def test_gpu_back_to_back_eager_bf16_auto(gpool):
-    """BF16 at W = 2 has no push slots: auto sends LL, LL12 and LL128 push within their bounds and roped
+    """BF16 at W = 2 has no push slots: auto sends LL, SN, LL12 and LL128 push within their bounds and roped
     above; with zero-copy calls mixed in, one object, no barrier."""
-    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", ll_max=8, ll12_max=24, ll128_max=32, out_dtype=BF16)
-    for r in gpool.run(fns.back_to_back, 200, **kw):
+    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", ll_max=8, sn_max=16, ll12_max=24, ll128_max=32)
+    for r in gpool.run(fns.back_to_back, 200, out_dtype=BF16, **kw):
         assert r["bad"] == [] and r["impl"] == "cuda", r
-        assert r["modes"] == ["exposed", "push_ll", "push_ll12", "push_ll128", "roped"], r
+        assert r["modes"] == ["exposed", "push_ll", "push_ll12", "push_ll128", "push_sn", "roped"], r
 
 
 @pytest.mark.parametrize(

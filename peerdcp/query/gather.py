@@ -90,11 +90,13 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # 7.16 / 5.70 at 16, 11.90 / 8.05 / 10.38 / 10.23 at 32, 15.62 / 11.54 / 12.42 / 12.43 at 48, 21.46 / 15.47 /
 # 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128 (until session 11: now SN,
 # below); BF16 LL12 up to 48; LL128 (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off.
-# "cuda_sn_max_bytes": SN, the sentinel push (FP8 output only; calls above the LL bound, before LL12) -
-# every 8 output bytes travel as they are and replace a rest pattern in the peer's sentinel area, which the
-# consumer puts back (csrc/query_lines.cuh): no flag bytes at all. Its area costs 2 * W * the bound in bytes
-# (W = 2, 32 heads: 18.9 MB for 256 tokens). Measured (2026-11-30 session 11, call 1, FP8 32 heads, graph,
-# us; SN at every T with 2 / 4 blocks per SM against the session-7 default LL <= 16, LL12 <= 128, push):
+# "cuda_sn_max_bytes": SN, the sentinel push (calls above the LL bound, before LL12) - every 8 output bytes
+# travel as they are and replace a rest pattern in the peer's sentinel area, which the consumer puts back
+# (csrc/query_lines.cuh): no flag bytes at all. BF16: a 0xFFFF half (a NaN the input may carry) is sent as the
+# canonical NaN 0x7FC0 - the one case where its bytes differ from the other exchanges'. Its area costs
+# 2 * W * the bound in bytes (W = 2, FP8, 32 heads: 18.9 MB for 256 tokens). BF16 off until measured.
+# Measured (2026-11-30 session 11, call 1, FP8 32 heads, graph, us; SN at every T with 2 / 4 blocks per SM
+# against the session-7 default LL <= 16, LL12 <= 128, push):
 # 3.41 / 3.30 vs 3.45 at T = 1, 3.92 / 4.00 vs 4.23 at 8, 4.49 / 4.45 vs 5.08 at 16, 6.08 / 5.30 vs 6.06 at
 # 32, 7.89 / 7.73 vs 8.85 at 64, 13.29 / 11.98 vs 15.54 at 128, 24.31 / 21.88 vs 24.28 at 256. So FP8: SN
 # from T = 1 to 256 tokens at 32 heads (LL off), with
@@ -346,11 +348,9 @@ class QueryGather:
                          ("ll", "sn", "ll12", "ll128")}  # fmt: skip
                 if self.head_dim * out_dtype.itemsize % 24:  # LL12 moves whole 24-byte triples of a row
                     bound["ll12"] = 0
-                if out_dtype != torch.float8_e4m3fn:  # the rest pattern is an FP8 code no conversion produces
-                    bound["sn"] = 0
                 self._ll_max = bound["ll"]
                 self._sn_max = bound["sn"] if bound["sn"] > self._ll_max else 0
-                if self._sn_max and rope_style == "interleaved":
+                if self._sn_max and rope_style == "interleaved" and out_dtype == torch.float8_e4m3fn:
                     self._sn_wide_min = tuning_bytes("cuda_sn_wide_min_bytes", out_dtype) // row_bytes
                 below = max(self._ll_max, self._sn_max)
                 self._ll12_max = bound["ll12"] if bound["ll12"] > below else 0
@@ -484,7 +484,11 @@ class QueryGather:
                     from . import ops
 
                     per_sm = max(
-                        2, min(int(TUNING["cuda_sn_programs_per_sm"]), ops.sn_blocks_per_sm(self.rope_style == "neox"))
+                        2,
+                        min(
+                            int(TUNING["cuda_sn_programs_per_sm"]),
+                            ops.sn_blocks_per_sm(self.rope_style == "neox", self.out_dtype == torch.float8_e4m3fn),
+                        ),
                     )
                 num_programs = per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
             else:
@@ -508,9 +512,9 @@ class QueryGather:
         self._ll_off = -(-(self._data_off + 2 * self._slot_bytes + raw_bytes) // 256) * 256
         ll_bytes = 2 * W * self._ll_area * H * 2 * self.head_dim * self.out_dtype.itemsize
         self._ll128_off = -(-(self._ll_off + ll_bytes) // 256) * 256
-        # then the sentinel area of the SN push calls (FP8): [2 parity][W src][_sn_max][H][D] bytes
+        # then the sentinel area of the SN push calls: [2 parity][W src][_sn_max][H][D] out-dtype rows
         self._sn_off = -(-(self._ll128_off + 2 * W * self._ll128_lines * 128) // 256) * 256
-        sn_bytes = 2 * W * self._sn_max * H * self.head_dim
+        sn_bytes = 2 * W * self._sn_max * H * self.head_dim * self.out_dtype.itemsize
         self._buf = _memory.allocate(self._sn_off + sn_bytes, info.group, memory=self.memory, device=dev)
         if sn_bytes:
             # its rest state (every byte 0xFF) in place on every rank before any peer can publish into it:

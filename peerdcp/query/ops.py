@@ -69,7 +69,7 @@ def load() -> ctypes.CDLL:
         _vp,  # stream
     ]
     lib.peerdcp_query_sn_blocks_per_sm.restype = ctypes.c_int
-    lib.peerdcp_query_sn_blocks_per_sm.argtypes = [_i32, ctypes.POINTER(_i32)]
+    lib.peerdcp_query_sn_blocks_per_sm.argtypes = [_i32, _i32, ctypes.POINTER(_i32)]
     lib.peerdcp_query_wait_acks.restype = ctypes.c_int
     lib.peerdcp_query_wait_acks.argtypes = [_vp, _vp, _vp, _i64, _i32, _i32, _i32, _i32, _vp]
     return lib
@@ -238,9 +238,10 @@ def query_wait_acks(peer_addrs, last_z, err_addr, timeout_ns, rank, W, nprog, me
     torch.ops.peerdcp.query_wait_acks(last_z, list(peer_addrs), err_addr, timeout_ns, [rank, W, nprog, mech])
 
 
-def sn_blocks_per_sm(neox: bool) -> int:
-    """Blocks of the sentinel-push kernel (FP8 output) resident on one SM at once, on the current device
-    (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``: registers, shared memory, 256 threads a block)."""
+def sn_blocks_per_sm(neox: bool, fp8: bool) -> int:
+    """Blocks of the sentinel-push kernels (interleaved FP8: the 8- and 16-byte ones) resident on one SM at once,
+    on the current device (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``: registers, shared memory, 256
+    threads a block)."""
     n = _i32(0)
-    _check(load().peerdcp_query_sn_blocks_per_sm(int(neox), ctypes.byref(n)), "sn_blocks_per_sm")
+    _check(load().peerdcp_query_sn_blocks_per_sm(int(neox), int(fp8), ctypes.byref(n)), "sn_blocks_per_sm")
     return int(n.value)

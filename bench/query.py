@@ -75,10 +75,9 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     # the sentinel push (FP8): at every T; above the LL bound (LL12 never reached); the first at 4 blocks / SM
     v.append(("direct-cuda-auto-vmm-allsn", dict(cu, tuning=dict(off, cuda_sn_max_bytes=big))))
     v.append(("direct-cuda-auto-vmm-sn", dict(cu, tuning={"cuda_sn_max_bytes": big})))
-    # the session-7 default: LL up to 16 tokens at 32 heads, LL12 up to 128, 2 blocks per SM
-    v.append(
-        ("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0, "cuda_ll_max_bytes": 16 * 32 * 576}))
-    )
+    # the session-7 default: FP8 LL up to 16 tokens at 32 heads, LL12 up to 128; BF16 LL12 up to 48; 2 blocks/SM
+    ll7 = {"float8_e4m3fn": 16 * 32 * 576, "bfloat16": 0}
+    v.append(("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0, "cuda_ll_max_bytes": ll7})))
     v.append(("direct-cuda-auto-vmm-sn-p2", dict(cu, tuning={"cuda_sn_programs_per_sm": 2})))
     v.append(("direct-cuda-auto-vmm-sn-nopdl", dict(cu, tuning={"cuda_sn_pdl": False})))
     v.append(("direct-cuda-auto-vmm-sn8", dict(cu, tuning={"cuda_sn_wide_min_bytes": big})))  # 8-byte stores only

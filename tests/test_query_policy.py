@@ -46,14 +46,14 @@ def test_explicit_exchanges(T):
 
 
 def test_ll_bounds_are_byte_bounds_by_dtype():
-    # the defaults (tokens of 32 heads of 576): FP8 SN 256 (LL off; LL12 128 is below SN, so never reached);
-    # BF16 LL12 48; LL128 off
+    # the defaults (tokens of 32 heads of 576): SN 256 for FP8 and BF16 (LL off; LL12 128 / 48 is below SN, so
+    # never reached); LL128 off
     row = {torch.float8_e4m3fn: 32 * 576, torch.bfloat16: 32 * 576 * 2}
     keys = ("ll", "sn", "ll12")
     got = {k: {dt: G.tuning_bytes(f"cuda_{k}_max_bytes", dt) // r for dt, r in row.items()} for k in keys}
     assert got == {
         "ll": {torch.float8_e4m3fn: 0, torch.bfloat16: 0},
-        "sn": {torch.float8_e4m3fn: 256, torch.bfloat16: 0},
+        "sn": {torch.float8_e4m3fn: 256, torch.bfloat16: 256},
         "ll12": {torch.float8_e4m3fn: 128, torch.bfloat16: 48},
     }
     assert G.tuning_bytes("cuda_ll128_max_bytes", torch.float8_e4m3fn) == 0
@@ -95,9 +95,10 @@ def test_sentinel_push_sits_between_ll_and_ll12(exchange):
     assert G.copy_mode("roped", 5, push_slots=False, ll_max=0, sn_max=8) == K.MODE_ROPED
 
 
-def test_sentinel_bound_by_dtype():
-    # FP8 by default; BF16 (whose 0xFFFF input halves travel as 0x7FC0) only where TUNING enables it
-    assert G.tuning_bytes("cuda_sn_max_bytes", torch.float8_e4m3fn) > 0
+def test_sentinel_bound_is_the_same_tokens_for_both_dtypes():
+    # (BF16 SN sends 0xFFFF input halves as 0x7FC0, the one byte difference from the other exchanges)
+    fp8, bf16 = (G.tuning_bytes("cuda_sn_max_bytes", dt) for dt in (torch.float8_e4m3fn, torch.bfloat16))
+    assert bf16 == 2 * fp8 > 0
 
 
 def test_sentinel_wide_stores_above_64_tokens_of_32_heads():

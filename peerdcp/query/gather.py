@@ -94,7 +94,9 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # travel as they are and replace a rest pattern in the peer's sentinel area, which the consumer puts back
 # (csrc/query_lines.cuh): no flag bytes at all. BF16: a 0xFFFF half (a NaN the input may carry) is sent as the
 # canonical NaN 0x7FC0 - the one case where its bytes differ from the other exchanges'. Its area costs
-# 2 * W * the bound in bytes (W = 2, FP8, 32 heads: 18.9 MB for 256 tokens). BF16 off until measured.
+# 2 * W * the bound in bytes (W = 2, 32 heads, 256 tokens: 18.9 MB FP8, 37.7 MB BF16). BF16 (session 11, call 7,
+# 32 heads, SN at every T against the then default LL12 <= 48 tokens, roped above): 3.48 / 3.80 us at T = 1,
+# 4.40 / 4.61 at 8, 7.02 / 8.09 at 32, 10.66 / 14.49 at 64, 18.41 / 23.71 at 128, 36.03 / 42.62 at 256.
 # Measured (2026-11-30 session 11, call 1, FP8 32 heads, graph, us; SN at every T with 2 / 4 blocks per SM
 # against the session-7 default LL <= 16, LL12 <= 128, push):
 # 3.41 / 3.30 vs 3.45 at T = 1, 3.92 / 4.00 vs 4.23 at 8, 4.49 / 4.45 vs 5.08 at 16, 6.08 / 5.30 vs 6.06 at
@@ -118,7 +120,7 @@ TUNING = {
     "cuda_ll_max_bytes": {"float8_e4m3fn": 0, "bfloat16": 0},
     "cuda_ll12_max_bytes": {"float8_e4m3fn": 128 * _ROWS, "bfloat16": 48 * _ROWS * 2},
     "cuda_ll128_max_bytes": 0,
-    "cuda_sn_max_bytes": {"float8_e4m3fn": 256 * _ROWS, "bfloat16": 0},
+    "cuda_sn_max_bytes": {"float8_e4m3fn": 256 * _ROWS, "bfloat16": 256 * _ROWS * 2},
     "cuda_sn_programs_per_sm": 4,
     "cuda_sn_pdl": True,
     "cuda_sn_wide_min_bytes": 64 * _ROWS,

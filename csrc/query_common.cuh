@@ -125,7 +125,8 @@ __device__ __forceinline__ int64_t ll_region(const Params& a, int par, int src, 
 // so even if a conversion did: a word equal to the rest state goes out with its top code 0x7F (NaN as well).
 // BF16: a half 0xFFFF (-NaN) can pass through from the input (the nope part is copied bit for bit), so
 // sn_word_bf16() sends every such half as the canonical NaN 0x7FC0 - the one place where an SN call's bytes
-// can differ from the other exchanges' (a NaN stays a NaN).
+// can differ from the other exchanges' (a NaN stays a NaN). Mirrored in Python by peerdcp/query/sentinel.py
+// (tests/test_query_sentinel.py checks the rules exhaustively on the host).
 constexpr uint64_t kSnRest = ~0ull;
 __device__ __forceinline__ uint64_t sn_word(uint2 v) {
   const uint64_t w = ((uint64_t)v.y << 32) | v.x;

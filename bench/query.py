@@ -8,7 +8,13 @@ table. Variants (each checked byte-for-byte against allgather-fused on the same 
 
 * ``direct-<impl>-<exchange>-<memory>``: QueryGather(backend="direct"), impl cuda | triton, exchange
   auto | raw | roped | push, memory vmm | symm;
-* ``direct-<impl>-zerocopy-<memory>``: exposed_shard (its ack wait) + gather_exposed;
+* ``direct-<impl>-zerocopy-<memory>``: exposed_shard (its ack wait) + gather_exposed (raw exchange;
+  ``direct-cuda-zerocopy-auto-vmm``: on an auto object, i.e. the sentinel push's grid);
+* ``direct-cuda-auto-vmm-<tuning>``: the CUDA auto exchange with one ``gather.TUNING`` change (read at
+  construction): ``nopdl`` / ``allpdl``, ``noll`` / ``allll``, ``noll12`` / ``allll12``, ``allll128``,
+  ``plain`` (the fenced push at every T), ``allsn`` (the sentinel push at every T) / ``sn`` (above LL) /
+  ``nosn`` (session 7's default), ``sn-p2`` (2 blocks per SM), ``sn-nopdl``, ``sn8`` / ``sn16`` (8- / 16-byte
+  stores only), ``noearly``, ``p1`` / ``p3`` / ``p4`` (grid), ``allsn-p4``;
 * ``allgather-fused``: pack + NCCL all-gather of the bf16 shards + one fused Triton RoPE/convert kernel;
 * ``allgather-torch``: the same all-gather + the plain-torch reference ops;
 * ``nccl-ag-only``: the NCCL all-gather of the packed bf16 shards alone (the floor of the collective path).

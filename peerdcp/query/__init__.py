@@ -1,10 +1,11 @@
 """Query: the widened MLA query of a DCP group - direct peer-memory exchange with fused RoPE + FP8/BF16
-(producer stores: push, LL / LL12 / LL128 push on the CUDA kernel; or consumer loads: raw, roped, zero-copy).
+(producer stores: push, LL / SN / LL12 / LL128 push on the CUDA kernel; or consumer loads: raw, roped,
+zero-copy).
 
 Start with :mod:`peerdcp.query.reference` (the plain-torch specification), then :mod:`.rope` (the
 ``cos_sin_cache`` tables: plain, YaRN for DeepSeek-V3.2 and Kimi-K2), :mod:`.kernels` (Triton: the
-direct protocol and the fused allgather pass), ``csrc/query_direct.cu`` (the CUDA twin, :mod:`.ops`) and
-:class:`QueryGather` (the public object).
+direct protocol and the fused allgather pass), ``csrc/query_direct.cu`` (the CUDA twin, :mod:`.ops`; the
+sentinel push's word rules in plain Python: :mod:`.sentinel`) and :class:`QueryGather` (the public object).
 """
 
 from __future__ import annotations

@@ -197,12 +197,14 @@ class QueryGather:
             (the producer rotates and converts its rows and stores them into every consumer's slot: NVLink
             stores instead of loads; its two slots hold W sources' rows, W * out-size / 2 times a raw slot;
             the CUDA kernel sends calls within the byte bounds of ``TUNING`` with flag-in-data protocols: LL,
-            LL12, LL128), ``"auto"`` (with the CUDA kernel, those protocols within their bounds; above them
+            SN - the sentinel push, no flag bytes, the default up to 256 tokens of 32 heads -, LL12, LL128),
+            ``"auto"`` (with the CUDA kernel, those protocols within their bounds; above them
             push where its slots cost at most ``PUSH_AUTO_MAX_GROWTH`` raw slots - W = 2
             with FP8 - else raw for T <= ``AUTO_RAW_MAX_TOKENS`` and roped above; see :func:`copy_mode`).
             All give the same bytes provided every rank passes the same ``positions`` and
             ``cos_sin_cache`` (as in DCP, where every rank holds every token): raw and allgather rotate
-            every row with the *caller's* positions, roped and push with the *producer's*.
+            every row with the *caller's* positions, roped and push with the *producer's*; and SN with BF16
+            output sends a 0xFFFF input half (a NaN) as the canonical NaN 0x7FC0.
         device: the tensors' device (default: the current CUDA device, else CPU).
         num_programs: direct backend grid size (default on GPU: 2 per SM, or for an object whose copy calls use
             the CUDA sentinel push up to ``TUNING["cuda_sn_programs_per_sm"]`` per SM, as many as are resident

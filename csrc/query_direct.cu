@@ -135,12 +135,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kPushLL) {
     // the flag travels inside every 8-byte word: no fence, no ready flag, no barrier
-    if (a.early) {
-      emit_round<NEOX, FP8, kPubPeersLL>(a, cs, early, pub);
-      compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
-    } else {
-      compute_units<NEOX, FP8, false, kPubPeersLL>(a, cs, u0, u1, own, pub);
-    }
+    publish_early<NEOX, FP8, kPubPeersLL>(a, cs, u0, u1, own, pub, early);
     if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);
     return;
   } else if constexpr (MODE == kPushSN16) {  // the SN publish with 16-byte stores (interleaved RoPE)
@@ -149,12 +144,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     return;
   } else if constexpr (MODE == kPushSN) {
     // the data itself replaces the area's rest pattern: no flag bytes, no fence
-    if (a.early) {
-      emit_round<NEOX, FP8, kPubPeersSN>(a, cs, early, pub);
-      compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
-    } else {
-      compute_units<NEOX, FP8, false, kPubPeersSN>(a, cs, u0, u1, own, pub);
-    }
+    publish_early<NEOX, FP8, kPubPeersSN>(a, cs, u0, u1, own, pub, early);
     if (W > 1) copy_rows_sn<FP8 ? 1 : 2>(a, u0, u1, par, pub.f, osize);
     return;
   } else if constexpr (MODE == kPushLL12) {

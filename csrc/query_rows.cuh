@@ -218,6 +218,19 @@ __device__ void compute_units(const Params& a, const CosSin& cs, int u0, int u1,
   }
 }
 
+// The LL / SN publish of units [u0, u1): with the early bit the caller already loaded the first round
+// (`early`, before the epoch / cos-sin barrier), which is emitted first, then the rest.
+template <bool NEOX, bool FP8, int PUB>
+__device__ __forceinline__ void publish_early(const Params& a, const CosSin& cs, int u0, int u1, const Sources& own,
+                                              const Pub& pub, const Item (&early)[kUnroll]) {
+  if (a.early) {
+    emit_round<NEOX, FP8, PUB>(a, cs, early, pub);
+    compute_units<NEOX, FP8, false, PUB>(a, cs, u0, u1, own, pub, kThreads * kUnroll);
+  } else {
+    compute_units<NEOX, FP8, false, PUB>(a, cs, u0, u1, own, pub);
+  }
+}
+
 // ROPED / PUSH consume: copy the finished rows (D * osize bytes, unit-major) of units [u0, u1) of every
 // peer s into the output at widened heads s*H + h - ROPED from s's slot, PUSH from s's region of our slot.
 template <bool PUSH>

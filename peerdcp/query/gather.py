@@ -340,7 +340,7 @@ class QueryGather:
         self._sn_pdl = bool(TUNING["cuda_sn_pdl"])
         self._sn_wide_min: int | None = None  # SN calls with T above it use 16-byte stores (None: never)
         if self._pdl_max:
-            reasons.append(f"PDL launch for T <= {self._pdl_max}" + (" and every SN call" if self._sn_pdl else ""))
+            reasons.append(f"PDL launch for T <= {self._pdl_max}")
         self.exchange = exchange if chosen == "direct" else None
         if chosen == "direct":
             self.exchange = exchange
@@ -500,7 +500,8 @@ class QueryGather:
         nprogs = all_gather_object(info, num_programs)
         self.num_programs = NP = min(nprogs)  # the grids must match: twin programs wait for each other
         if self._sn_max and dev.type == "cuda":
-            reasons.append(f"grid {NP} blocks (sentinel push: up to {TUNING['cuda_sn_programs_per_sm']} per SM)")
+            pdl = ", PDL on every SN call" if self._sn_pdl else ""
+            reasons.append(f"grid {NP} blocks (sentinel push: up to {TUNING['cuda_sn_programs_per_sm']} per SM{pdl})")
         self._bu = 4 if self._gpu else 2
         raw_bytes = self.max_tokens * H * self.head_dim * 2
         slot_bytes = raw_bytes
@@ -765,11 +766,11 @@ class QueryGather:
             from . import ops
 
             # PDL for T <= cuda_pdl_max_tokens, and for every SN call with cuda_sn_pdl (local to a rank)
-            pdl = K.MODE_PDL if self._pdl_max >= T or (mode == K.MODE_PUSH_SN and self._sn_pdl) else 0
+            bits = K.MODE_PDL if self._pdl_max >= T or (mode == K.MODE_PUSH_SN and self._sn_pdl) else 0
             if mode == K.MODE_PUSH_SN and self._sn_wide_min is not None and self._sn_wide_min < T:
-                pdl |= K.MODE_WIDE  # 16-byte stores (no early load: the SN16 kernel loads pairs)
+                bits |= K.MODE_WIDE  # 16-byte stores (no early load: the SN16 kernel loads pairs)
             elif mode in (K.MODE_PUSH_LL, K.MODE_PUSH_SN) and self._early:
-                pdl |= K.MODE_EARLY
+                bits |= K.MODE_EARLY
 
             ops.query_direct(
                 q_nope,
@@ -800,7 +801,7 @@ class QueryGather:
                 self._sn_off,
                 self._sn_max,
                 self.num_programs,
-                mode | pdl,
+                mode | bits,
                 self.rope_style == "neox",
                 self._mech,
             )

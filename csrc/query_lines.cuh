@@ -42,6 +42,29 @@ __device__ __forceinline__ bool poll_round(const Params& a, bool (&need)[kUnroll
   }
 }
 
+// The consumer loop of the polled push protocols (LL, SN, LL12): items [0, n) of every peer's rows in our area,
+// kUnroll per thread per round, every load in flight. `locate(idx, src, dst)` sets item idx's address in our
+// area and its output byte offset and returns its peer; `take(src, dst)` loads the item once and, if it is
+// there, copies it out and returns true. One deadline for the whole call (poll_round).
+template <typename Src, typename Locate, typename Take>
+__device__ __forceinline__ void poll_items(const Params& a, int n, uint32_t f, Locate locate, Take take) {
+  uint64_t t0 = 0;
+  bool expired = false;
+  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
+    Src src[kUnroll];
+    int64_t dst[kUnroll];
+    int peer[kUnroll];
+    bool need[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int idx = base + k * kThreads;
+      need[k] = idx < n;
+      if (need[k]) peer[k] = locate(idx, src[k], dst[k]);
+    }
+    expired = poll_round(a, need, peer, f, t0, [&](int k) { return take(src[k], dst[k]); });
+  }
+}
+
 // PUSH_LL consume: the peers' lines of units [u0, u1) from our LL area (parity `par`) into the output at
 // widened heads s*H + h, 8 output bytes per 16-byte line, each taken once both of its flags equal `f`.
 // Each thread polls its own lines (kUnroll at a time, all in flight) against one deadline for the whole
@@ -50,34 +73,23 @@ __device__ void copy_rows_ll(const Params& a, int u0, int u1, int par, uint32_t 
   const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
   const int nq = (int)(row_bytes / 8);  // lines per row
   const int per_src = (u1 - u0) * nq;
-  const int n = (a.W - 1) * per_src;
-  uint64_t t0 = 0;
-  bool expired = false;
-  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
-    const uint4* src[kUnroll];
-    int64_t dst_off[kUnroll];
-    int peer[kUnroll];
-    bool need[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int idx = base + k * kThreads;
-      need[k] = idx < n;
-      if (!need[k]) continue;
-      const int s = peer_of(a, idx, per_src);
-      const int rem = idx % per_src;
-      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
-      src[k] = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(a.peers.base[a.rank]) +
-                                              ll_region(a, par, s, osize)) + (int64_t)u * nq + q;
-      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 8 * (int64_t)q;
-      peer[k] = s;
-    }
-    expired = poll_round(a, need, peer, f, t0, [&](int k) {
-      const uint4 w = peerdcp::ld_volatile_v4(src[k]);
-      if (w.y != f || w.w != f) return false;
-      *reinterpret_cast<uint2*>(static_cast<char*>(a.out) + dst_off[k]) = make_uint2(w.x, w.z);
-      return true;
-    });
-  }
+  poll_items<const uint4*>(
+      a, (a.W - 1) * per_src, f,
+      [&](int idx, const uint4*& src, int64_t& dst) {
+        const int s = peer_of(a, idx, per_src);
+        const int rem = idx % per_src;
+        const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+        src = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(a.peers.base[a.rank]) +
+                                            ll_region(a, par, s, osize)) + (int64_t)u * nq + q;
+        dst = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 8 * (int64_t)q;
+        return s;
+      },
+      [&](const uint4* src, int64_t dst) {
+        const uint4 w = peerdcp::ld_volatile_v4(src);
+        if (w.y != f || w.w != f) return false;
+        *reinterpret_cast<uint2*>(static_cast<char*>(a.out) + dst) = make_uint2(w.x, w.z);
+        return true;
+      });
 }
 
 // One 8-byte output word of a source's rows, loaded: word j of unit (t, h) holds E = 8 / osize output
@@ -200,44 +212,34 @@ template <int kW>
 __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
   const int nq = (a.NOPE + a.ROPE) * osize / (8 * kW);  // items per row
   const int per_src = (u1 - u0) * nq;
-  const int n = (a.W - 1) * per_src;
   char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
-  uint64_t t0 = 0;
-  bool expired = false;
-  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
-    uint64_t* src[kUnroll];
-    int64_t dst_off[kUnroll];
-    int peer[kUnroll];
-    bool need[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int idx = base + k * kThreads;
-      need[k] = idx < n;
-      if (!need[k]) continue;
-      const int s = peer_of(a, idx, per_src);
-      const int rem = idx % per_src;
-      const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
-      src[k] = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s, osize)) + kW * ((int64_t)u * nq + q);
-      dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 * kW + 8 * kW * (int64_t)q;
-      peer[k] = s;
-    }
-    expired = poll_round(a, need, peer, f, t0, [&](int k) {
-      char* const dst = static_cast<char*>(a.out) + dst_off[k];
-      if constexpr (kW == 1) {
-        const uint64_t w = peerdcp::ld_volatile_u64(src[k]);
-        if (w == kSnRest) return false;
-        *reinterpret_cast<uint64_t*>(dst) = w;
-        *src[k] = kSnRest;  // back at rest for the call e + 2 that reuses this parity area
-      } else {
-        uint64_t x, y;
-        peerdcp::ld_volatile_v2u64(src[k], x, y);
-        if (x == kSnRest || y == kSnRest) return false;
-        *reinterpret_cast<uint4*>(dst) = make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y, (uint32_t)(y >> 32));
-        *reinterpret_cast<uint4*>(src[k]) = make_uint4(~0u, ~0u, ~0u, ~0u);  // back at rest
-      }
-      return true;
-    });
-  }
+  poll_items<uint64_t*>(
+      a, (a.W - 1) * per_src, f,
+      [&](int idx, uint64_t*& src, int64_t& dst) {
+        const int s = peer_of(a, idx, per_src);
+        const int rem = idx % per_src;
+        const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+        src = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s, osize)) + kW * ((int64_t)u * nq + q);
+        dst = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 * kW + 8 * kW * (int64_t)q;
+        return s;
+      },
+      [&](uint64_t* src, int64_t dst_off) {
+        char* const dst = static_cast<char*>(a.out) + dst_off;
+        if constexpr (kW == 1) {
+          const uint64_t w = peerdcp::ld_volatile_u64(src);
+          if (w == kSnRest) return false;
+          *reinterpret_cast<uint64_t*>(dst) = w;
+          *src = kSnRest;  // back at rest for the call e + 2 that reuses this parity area
+        } else {
+          uint64_t x, y;
+          peerdcp::ld_volatile_v2u64(src, x, y);
+          if (x == kSnRest || y == kSnRest) return false;
+          *reinterpret_cast<uint4*>(dst) =
+              make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y, (uint32_t)(y >> 32));
+          *reinterpret_cast<uint4*>(src) = make_uint4(~0u, ~0u, ~0u, ~0u);  // back at rest
+        }
+        return true;
+      });
 }
 
 // SN16 (kPushSN with the kModeWide bit; interleaved RoPE only): the same area, rest state and slot argument,
@@ -355,37 +357,27 @@ __device__ void publish_ll12(const Params& a, const CosSin& cs, int u0, int u1, 
 __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
   const int wpr = (a.NOPE + a.ROPE) * osize / 8;
   const int per_src = (u1 - u0) * wpr / kTriple;
-  const int n = (a.W - 1) * per_src;
   char* const out = static_cast<char*>(a.out);
   const char* area = reinterpret_cast<const char*>(a.peers.base[a.rank]) + (int64_t)u0 * wpr / kTriple * 32;
-  uint64_t t0 = 0;
-  bool expired = false;
-  for (int base = threadIdx.x; base < n && !expired; base += kThreads * kUnroll) {
-    const uint4* src[kUnroll];
-    int64_t dst[kUnroll];
-    int peer[kUnroll];
-    bool need[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int idx = base + k * kThreads;
-      need[k] = idx < n;
-      if (!need[k]) continue;
-      peer[k] = peer_of(a, idx, per_src);
-      const int li = idx % per_src;  // triple within this block's units
-      src[k] = reinterpret_cast<const uint4*>(area + ll12_region(a, par, peer[k], osize)) + 2 * li;
-      dst[k] = out_off(a, peer[k], unit_word(a, u0, kTriple * li, wpr), osize);
-    }
-    expired = poll_round(a, need, peer, f, t0, [&](int k) {
-      const uint4 l0 = peerdcp::ld_volatile_v4(src[k]);
-      const uint4 l1 = peerdcp::ld_volatile_v4(src[k] + 1);
-      if (l0.w != f || l1.w != f) return false;
-      uint2* o = reinterpret_cast<uint2*>(out + dst[k]);
-      o[0] = make_uint2(l0.x, l0.y);
-      o[1] = make_uint2(l0.z, l1.x);
-      o[2] = make_uint2(l1.y, l1.z);
-      return true;
-    });
-  }
+  poll_items<const uint4*>(
+      a, (a.W - 1) * per_src, f,
+      [&](int idx, const uint4*& src, int64_t& dst) {
+        const int s = peer_of(a, idx, per_src);
+        const int li = idx % per_src;  // triple within this block's units
+        src = reinterpret_cast<const uint4*>(area + ll12_region(a, par, s, osize)) + 2 * li;
+        dst = out_off(a, s, unit_word(a, u0, kTriple * li, wpr), osize);
+        return s;
+      },
+      [&](const uint4* src, int64_t dst) {
+        const uint4 l0 = peerdcp::ld_volatile_v4(src);
+        const uint4 l1 = peerdcp::ld_volatile_v4(src + 1);
+        if (l0.w != f || l1.w != f) return false;
+        uint2* o = reinterpret_cast<uint2*>(out + dst);
+        o[0] = make_uint2(l0.x, l0.y);
+        o[1] = make_uint2(l0.z, l1.x);
+        o[2] = make_uint2(l1.y, l1.z);
+        return true;
+      });
 }
 
 // ------------------------------------------------------------------------------------ PUSH_LL128

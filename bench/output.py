@@ -1,7 +1,7 @@
 """Benchmark of the Output/LSE exchange (DESIGN.md sections 8 and 9): ``python -m bench.output [--quick]``.
 
-Per geometry (Kimi-K2.5: 16 heads per rank; DeepSeek-V3.2 TP4/DCP2: 32 heads per rank; D = 512, bf16,
-LSE base e) and T in 1..512, on W GPUs (default 2), in one run:
+Per geometry (Kimi-K2.5, 64 heads: 16 per rank at TP4, W <= 4, 8 at TP8 / DCP8; DeepSeek-V3.2, 128 heads: 32
+per rank at TP4, 16 at TP8; D = 512, bf16, LSE base e) and T in 1..512, on W GPUs (default 2), in one run:
 
 * ``direct-{vmm,symm}-{cuda,cuda_plain,cuda_ll,triton}`` - peerdcp's producer-direct reducer: the CUDA
   kernel with the default LL threshold (``TUNING["cuda_ll_max_tokens"]``), never LL, always LL, and the
@@ -56,7 +56,14 @@ from bench.common import (
     write_json,
 )
 
-GEOMETRIES = {"kimi": 16, "dsv32": 32}  # heads per rank at DCP2 (D = 512)
+GEOMETRIES = {"kimi": 64, "dsv32": 128}  # attention heads of the model (D = 512)
+
+
+def heads_per_rank(geo: str, world: int) -> int:
+    """Heads per rank of ``geo`` with TP = max(4, W): the attention group spans at least the DCP group."""
+    return GEOMETRIES[geo] // max(4, world)
+
+
 HEAD_DIM = 512
 T_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 T_QUICK = [1, 8, 32, 128, 256]
@@ -211,7 +218,7 @@ def rank_main(cfg: dict) -> list[dict]:
     R.TUNING.update(cfg.get("tuning") or {})  # --tuning (a spawned rank process: nothing to restore)
     rows: list[dict] = []
     for geo in cfg["geometries"]:
-        H = GEOMETRIES[geo]
+        H = heads_per_rank(geo, W)
         maxT = max(cfg["tokens"])
         methods: dict = {}
         reducers = []
@@ -293,7 +300,7 @@ def rank_breakdown(cfg: dict) -> list[dict]:
 
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
-    H, maxT = GEOMETRIES["kimi"], max(cfg["tokens"])
+    H, maxT = heads_per_rank("kimi", W), max(cfg["tokens"])
     ll_default = R.TUNING["cuda_ll_max_tokens"]
     wanted = [v for v in BREAKDOWN_VARIANTS if v[0] in cfg["variants"]]
     reducers: dict = {}  # (kernel, opts) -> OutputReducer
@@ -313,6 +320,7 @@ def rank_breakdown(cfg: dict) -> list[dict]:
                 errors[(kern, opts)] = f"{type(e).__name__}: {e}"
     any_red = next(iter(reducers.values()))
     info = dict(
+        heads=H,
         programs=any_red.programs,
         heads_per_unit=any_red._hpu,
         sms=torch.cuda.get_device_properties(dev).multi_processor_count,
@@ -408,7 +416,8 @@ def _breakdown_tables(res: dict, variants: list[str]) -> str:
     cols = ["T", "kernel", *[v for v in variants if any(v in r for r in abs_rows)]]
     info = res.get("info", {})
     out = [
-        f"stage breakdown, Kimi (16 heads/rank, D {HEAD_DIM}, bf16), vmm, CUDA graph: µs per call, slowest rank, "
+        f"stage breakdown, Kimi ({info.get('heads')} heads/rank, D {HEAD_DIM}, bf16), vmm, CUDA graph: "
+        "µs per call, slowest rank, "
         f"min over rounds of the median; G = {info.get('programs')} CTAs, {info.get('heads_per_unit')} heads/unit, "
         f"{info.get('sms')} SMs (ll = LL protocol, the default at T <= 8; plain = flag + fence)",
         format_table(abs_rows, cols),

@@ -14,7 +14,9 @@ table. Variants (each checked byte-for-byte against allgather-fused on the same 
   construction): ``nopdl`` / ``allpdl``, ``noll`` / ``allll``, ``noll12`` / ``allll12``, ``allll128``,
   ``plain`` (the fenced push at every T), ``allsn`` (the sentinel push at every T) / ``sn`` (above LL) /
   ``nosn`` (session 7's default), ``sn-p2`` (2 blocks per SM), ``sn-nopdl``, ``sn8`` / ``sn16`` (8- / 16-byte
-  stores only), ``noearly``, ``p1`` / ``p3`` / ``p4`` (grid), ``allsn-p4``;
+  stores only), ``sn-whole`` (an SN call launches the object's whole grid, session 11; the default cuts it),
+  ``sn-u1`` / ``-u2`` / ``-u3`` (ceil(T * H / n) blocks, no floor), ``noearly``, ``p1`` / ``p3`` / ``p4``
+  (grid), ``allsn-p4``;
 * ``allgather-fused``: pack + NCCL all-gather of the bf16 shards + one fused Triton RoPE/convert kernel;
 * ``allgather-torch``: the same all-gather + the plain-torch reference ops;
 * ``nccl-ag-only``: the NCCL all-gather of the packed bf16 shards alone (the floor of the collective path).
@@ -88,6 +90,11 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v.append(("direct-cuda-auto-vmm-sn-nopdl", dict(cu, tuning={"cuda_sn_pdl": False})))
     v.append(("direct-cuda-auto-vmm-sn8", dict(cu, tuning={"cuda_sn_wide_min_bytes": big})))  # 8-byte stores only
     v.append(("direct-cuda-auto-vmm-sn16", dict(cu, tuning={"cuda_sn_wide_min_bytes": 0})))  # 16-byte only
+    # an SN call's grid: the object's whole grid (session 11); ceil(T * H / n) blocks with no floor
+    v.append(("direct-cuda-auto-vmm-sn-whole", dict(cu, tuning={"cuda_sn_units_per_block": 0})))
+    for n in (1, 2, 3):
+        cut = {"cuda_sn_units_per_block": n, "cuda_sn_min_blocks_per_sm": 0}
+        v.append((f"direct-cuda-auto-vmm-sn-u{n}", dict(cu, tuning=cut)))
     v.append(("direct-cuda-zerocopy-auto-vmm", dict(cu, exchange="auto", zerocopy=True)))
     v.append(("direct-cuda-auto-vmm-noearly", dict(cu, tuning={"cuda_ll_early": False})))
     # grid size: 1, 3 and 4 blocks per SM (default 2)

@@ -55,6 +55,7 @@ struct Params {
   int64_t ll128_off, ll128_lines; // PUSH_LL128 area: [2 parity][W src][ll128_lines] 128-byte lines
   int early;                      // PUSH_LL / _SN: load the first round of inputs before the epoch / cos-sin barrier
   int64_t sn_off, sn_max_tokens;  // PUSH_SN area: [2 parity][W src][sn_max_tokens][H][D] out-dtype rows, at rest 0xFF
+  int ncnt;  // call counters (the object's grid); nprog (this launch's grid) is smaller only for flag-free modes
 };
 
 // Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.
@@ -208,13 +209,18 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
 
 // Kernel prologue, every block of every call: PDL wait (the previous grid is complete and visible) and
 // trigger, then bump this block's call counter (only block p touches epochs[p]) into *e_sh.
+// Every counter holds the number of calls so far. A launch of fewer blocks than counters (a.nprog < a.ncnt:
+// a small LL / SN call, whose blocks wait for no flag of a twin block) has block p count for the counters
+// p + k * nprog too, thread k each (its own load and store: no other thread or block of this call touches that
+// counter), so every counter still counts every call. A whole-grid launch: thread 0, counter p, as before.
 __device__ __forceinline__ void enter_call(const Params& a, int p, int64_t* e_sh) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
-  if (threadIdx.x == 0) {
-    const int64_t e = a.epochs[p] + 1;
-    a.epochs[p] = e;
-    *e_sh = e;
+#pragma unroll 1
+  for (int q = p + (int)threadIdx.x * a.nprog; q < a.ncnt; q += (int)blockDim.x * a.nprog) {
+    const int64_t e = a.epochs[q] + 1;
+    a.epochs[q] = e;
+    if (q == p) *e_sh = e;
   }
 }
 

@@ -4,6 +4,8 @@
 // first): NPROG blocks on every rank, block p owns units [p*ceil(T*H/NPROG), ...) of every source shard
 // and only waits for the flags of its twin block p on the peers; a per-block call counter epochs[p] in
 // local memory picks the parity slot, so back-to-back calls and graph replays need no host sync.
+// (A flag-free push call - LL, LL12, LL128, SN - may launch fewer blocks than the object has counters, the host's
+// `blocks`: its twins wait for no flag, and enter_call keeps every counter counting every call.)
 //
 //   publish (RAW: copy own bf16 shard into own slot e%2; ROPED: rotate+convert own rows into own slot
 //            and into out; PUSH: rotate+convert own rows into out and store them into our region of
@@ -230,9 +232,16 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
                                     void* err, int64_t timeout_ns, float quant_scale, int T, int rank, int W, int H,
                                     int HOUT, int NOPE, int ROPE, int64_t max_tokens, int64_t data_off,
                                     int64_t slot_bytes, int64_t ll_off, int64_t ll_max_tokens, int64_t ll128_off,
-                                    int64_t ll128_lines, int64_t sn_off, int64_t sn_max_tokens, int nprog, int mode,
-                                    int neox, int fp8, int mech, cudaStream_t stream) {
+                                    int64_t ll128_lines, int64_t sn_off, int64_t sn_max_tokens, int nprog, int blocks,
+                                    int mode, int neox, int fp8, int mech, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || NOPE % 16 || ROPE % 16 || nprog < 1) return (int)cudaErrorInvalidValue;
+  // blocks: this launch's grid, 0 = nprog; fewer only for the flag-free push modes (LL, LL12, LL128, SN: no block
+  // waits for a twin block's flag, so the twins need not be the same blocks from call to call)
+  const int base_mode = mode & ~kModeBits;
+  const bool flag_free =
+      base_mode == kPushLL || base_mode == kPushLL12 || base_mode == kPushLL128 || base_mode == kPushSN;
+  if (blocks == 0) blocks = nprog;
+  if (blocks < 1 || blocks > nprog || (blocks < nprog && !flag_free)) return (int)cudaErrorInvalidValue;
   Params a{};
   a.q_nope = static_cast<const uint16_t*>(q_nope);
   a.q_pe = static_cast<const uint16_t*>(q_pe);
@@ -244,7 +253,7 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.err = static_cast<unsigned long long*>(err);
   a.timeout_ns = timeout_ns, a.quant_scale = quant_scale;
   a.T = T, a.rank = rank, a.W = W, a.H = H, a.HOUT = HOUT, a.NOPE = NOPE, a.ROPE = ROPE;
-  a.nprog = nprog, a.mech = mech;
+  a.nprog = blocks, a.ncnt = nprog, a.mech = mech;
   a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
   a.ll_off = ll_off, a.ll_max_tokens = ll_max_tokens;
   a.ll128_off = ll128_off, a.ll128_lines = ll128_lines;
@@ -313,7 +322,7 @@ extern "C" int peerdcp_query_wait_acks(const uint64_t* peer_addrs, int64_t* last
   a.last_z = last_z;
   a.err = static_cast<unsigned long long*>(err);
   a.timeout_ns = timeout_ns;
-  a.rank = rank, a.W = W, a.nprog = nprog, a.mech = mech;
+  a.rank = rank, a.W = W, a.nprog = nprog, a.ncnt = nprog, a.mech = mech;
   query_wait_acks_kernel<<<nprog, 32, 0, stream>>>(a);
   return (int)cudaGetLastError();
 }

@@ -196,12 +196,17 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
 # roped), LL12, LL128 and the fenced plain push.
 _ALL = 1 << 40
 _OFF = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0, "cuda_sn_max_bytes": 0}
+CUDA_SN = dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=_ALL)  # SN with 8-byte stores at every T
 CUDA_PUSH = {
     "push": {"cuda_ll_max_bytes": _ALL},
     "push_ll12": dict(_OFF, cuda_ll12_max_bytes=_ALL),
     "push_ll128": dict(_OFF, cuda_ll128_max_bytes=_ALL),
-    "push_sn": dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=_ALL),  # 8-byte stores
+    "push_sn": CUDA_SN,
     "push_sn16": dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=0),  # 16-byte (interleaved RoPE)
+    # SN with the call's grid cut to ceil(T * H / 3) blocks, no floor (the default: / 2, at least one per SM);
+    # the object's whole grid (session 11's)
+    "push_sn_u3": dict(CUDA_SN, cuda_sn_units_per_block=3, cuda_sn_min_blocks_per_sm=0),
+    "push_sn_whole": dict(CUDA_SN, cuda_sn_units_per_block=0),
     "push_plain": _OFF,
 }
 
@@ -331,6 +336,7 @@ def back_to_back(
     ll12_max: int | None = None,
     sn_max: int | None = None,
     sn_wide_min: int | None = None,
+    tuning: dict | None = None,
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
@@ -338,7 +344,11 @@ def back_to_back(
     ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
     + rope 64), ``sn_max`` / ``ll12_max`` / ``ll128_max`` the SN / LL12 / LL128 bounds likewise, and
     ``sn_wide_min`` the SN calls' 16-byte-store bound (``push_sn16`` above it); ``modes`` names the exchanges
-    used."""
+    used; ``tuning`` patches any other ``TUNING`` keys."""
+    if tuning:
+        with mock.patch.dict(gather_mod.TUNING, tuning):
+            args = (raw_max, ll_max, out_dtype, ll128_max, ll12_max, sn_max, sn_wide_min)
+            return back_to_back(n_calls, H, max_T, impl, memory, *args)
     if raw_max is not None:
         with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
             return back_to_back(
@@ -639,6 +649,8 @@ def gpu_graph(
         "seconds": dt,
         "copy_mode": qg._copy_mode(T),
         "wide": _wide(qg, T),
+        "blocks": qg._launch_blocks(qg._copy_mode(T), T) if qg.impl == "cuda" else None,
+        "nprog": qg.num_programs,
     }
     del g
     qg.close()

@@ -1,7 +1,8 @@
 """The Query CUDA entry point's argument checks, without a GPU (needs nvcc + ninja to build the library):
-bad geometry, unknown modes, the early bit on any mode but LL / SN push, an LL / LL128 / SN push call beyond
-its area and an SN call with BF16 output are rejected with cudaErrorInvalidValue before anything touches
-CUDA, the PDL bit is accepted on every valid mode, and T = 0 returns success without a launch."""
+bad geometry, unknown modes, the early bit on any mode but LL / SN push, the wide bit on anything but FP8
+interleaved SN, an LL / LL128 / SN push call beyond its area, a launch grid ("blocks") beyond the object's or
+below it for a mode with flags are rejected with cudaErrorInvalidValue before anything touches CUDA, the PDL bit
+is accepted on every valid mode, and T = 0 returns success without a launch."""
 
 from __future__ import annotations
 
@@ -20,7 +21,19 @@ INVALID = 1  # cudaErrorInvalidValue
 
 
 def _call(
-    *, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1, sn_max=0, neox=0
+    *,
+    T=1,
+    W=2,
+    nope=512,
+    rope=64,
+    nprog=4,
+    mode=K.MODE_RAW,
+    ll_max=0,
+    ll128_lines=0,
+    fp8=1,
+    sn_max=0,
+    neox=0,
+    blocks=0,
 ) -> int:
     from peerdcp.query import ops
 
@@ -28,8 +41,8 @@ def _call(
     peers = (ctypes.c_uint64 * 8)(*([0x1000] * 8))
     return lib.peerdcp_query_direct(
         None, None, 0, 0, 0, 0, None, 0, None, 0, None, ctypes.cast(peers, ctypes.c_void_p), None, None, None,
-        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, 0, sn_max, nprog, mode, neox,
-        fp8, 2,
+        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, 0, sn_max, nprog, blocks, mode,
+        neox, fp8, 2,
         None,
     )  # fmt: skip
 
@@ -65,6 +78,15 @@ def test_bad_geometry_and_modes_rejected_before_any_cuda_call():
     assert _call(mode=wide, T=1, sn_max=8, neox=1) == INVALID
     for mode in (K.MODE_PUSH_LL, K.MODE_PUSH, K.MODE_RAW):
         assert _call(mode=mode | K.MODE_WIDE, T=1, ll_max=8) == INVALID
+    # blocks (this launch's grid): 0 = nprog; between 1 and nprog; below nprog only for the flag-free push modes,
+    # whose blocks wait for no twin block's flag
+    assert _call(blocks=-1) == INVALID
+    assert _call(blocks=5, nprog=4) == INVALID
+    for mode in (K.MODE_RAW, K.MODE_ROPED, K.MODE_EXPOSED, K.MODE_PUSH):
+        assert _call(mode=mode, blocks=2, nprog=4) == INVALID
+    for mode in (K.MODE_PUSH_LL, K.MODE_PUSH_LL12, K.MODE_PUSH_LL128, K.MODE_PUSH_SN, K.MODE_PUSH_SN | K.MODE_WIDE):
+        assert _call(T=0, mode=mode, blocks=2, nprog=4, ll_max=8, sn_max=8) == 0  # accepted (T = 0: no launch)
+        assert _call(T=0, mode=mode, blocks=4, nprog=4, ll_max=8, sn_max=8) == 0
 
 
 def test_empty_call_is_a_no_op_for_every_mode_with_and_without_pdl():

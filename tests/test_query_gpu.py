@@ -71,7 +71,8 @@ GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
 @pytest.mark.parametrize(
     "memory,impl,mode",
     [(m, i, x) for m in ("vmm", "symm") for i in ("cuda", "triton") for x in GRAPH_MODES]
-    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128", "push_sn", "push_sn16")],
+    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_ll12", "push_ll128", "push_sn", "push_sn16")]
+    + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_sn_u3", "push_sn_whole")],
 )
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
     res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
@@ -84,8 +85,13 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
             assert r["copy_mode"] == K.MODE_PUSH_LL128, r
         if mode == "push_ll12":
             assert r["copy_mode"] == K.MODE_PUSH_LL12, r
-        if mode in ("push_sn", "push_sn16"):  # CUDA only, as LL12 / LL128
+        if mode.startswith("push_sn"):  # CUDA only, as LL12 / LL128
             assert r["copy_mode"] == K.MODE_PUSH_SN and r["wide"] == (mode == "push_sn16"), r
+        # T = 8 x 16 heads = 128 units: the default launches 128 blocks (64, but at least one per SM or unit),
+        # push_sn_u3 43, push_sn_whole the object's grid
+        want = {"push_sn": 128, "push_sn_u3": 43, "push_sn_whole": r["nprog"]}
+        if mode in want:
+            assert r["blocks"] == want[mode] and r["nprog"] > 128, r
         if mode == "push_plain":
             assert r["copy_mode"] == K.MODE_PUSH, r
 
@@ -111,6 +117,19 @@ def test_gpu_back_to_back_eager(gpool, impl):
         assert r["bad"] == [] and r["impl"] == impl, r
         cuda = ["exposed", "push", "push_ll", "push_ll12", "push_ll128", "push_sn", "push_sn16", "raw"]
         assert r["modes"] == (cuda if impl == "cuda" else ["exposed", "push", "raw"]), r
+
+
+@pytest.mark.parametrize("units", [0, 3])
+def test_gpu_back_to_back_eager_sn_grid(gpool, units):
+    """The back-to-back mix (test_gpu_back_to_back_eager: its SN calls cut the grid by the default rule) with
+    the SN calls on the object's whole grid (0) or on ceil(T * H / 3) blocks, no floor; the LL, LL12, LL128,
+    fenced push, raw and zero-copy calls between them launch the whole grid, whose call counters the cut SN
+    calls keep counting."""
+    kw = dict(H=16, max_T=48, impl="cuda", memory="vmm", raw_max=8, ll_max=12, sn_max=18, ll12_max=24, ll128_max=32)
+    tuning = {"cuda_sn_units_per_block": units, "cuda_sn_min_blocks_per_sm": 0}
+    for r in gpool.run(fns.back_to_back, 200, sn_wide_min=15, tuning=tuning, **kw):
+        assert r["bad"] == [], r
+        assert r["modes"] == ["exposed", "push", "push_ll", "push_ll12", "push_ll128", "push_sn", "push_sn16", "raw"], r
 
 
 def test_gpu_back_to_back_eager_bf16_auto(gpool):

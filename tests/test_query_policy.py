@@ -105,3 +105,22 @@ def test_sentinel_wide_stores_above_64_tokens_of_32_heads():
     # SN calls above this publish pairs of words with 16-byte stores (interleaved RoPE; measured faster from
     # T = 64 on at 32 heads, slower below)
     assert G.tuning_bytes("cuda_sn_wide_min_bytes", torch.float8_e4m3fn) // (32 * 576) == 64
+
+
+def test_launch_blocks_cuts_only_sn_calls():
+    # the object's grid: 528 blocks (4 per SM of 132 SMs); 32 heads per rank; (units per block, floor)
+    sn = K.MODE_PUSH_SN
+    assert G.launch_blocks(sn, 1, 32, 528, 0, 132) == 528  # off: the whole grid
+    assert G.launch_blocks(sn, 1, 32, 528, 1, 0) == 32
+    assert G.launch_blocks(sn, 1, 32, 528, 3, 0) == 11  # ceil(32 / 3)
+    assert G.launch_blocks(sn, 8, 32, 528, 3, 0) == 86
+    assert G.launch_blocks(sn, 64, 32, 528, 3, 0) == 528  # never above the object's grid
+    # the default rule: ceil(T * H / 2), at least min(T * H, one per SM)
+    want = {1: 32, 2: 64, 4: 128, 8: 132, 16: 256, 32: 512, 64: 528, 256: 528}
+    assert {T: G.launch_blocks(sn, T, 32, 528, 2, 132) for T in want} == want
+    for mode in (K.MODE_RAW, K.MODE_ROPED, K.MODE_PUSH, K.MODE_EXPOSED, K.MODE_PUSH_LL, K.MODE_PUSH_LL12):
+        assert G.launch_blocks(mode, 1, 32, 528, 2, 132) == 528
+
+
+def test_default_tuning_cuts_sn_grids():
+    assert G.TUNING["cuda_sn_units_per_block"] == 2 and G.TUNING["cuda_sn_min_blocks_per_sm"] == 1

@@ -112,6 +112,14 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # store per thread (interleaved RoPE only; NeoX calls always 8-byte): session 11, call 3, FP8 32 heads, 16- /
 # 8-byte: 3.55 / 3.32 us at T = 1, 4.11 / 4.00 at 8, 5.39 / 5.32 at 32, 7.24 / 7.30 at 64, 10.89 / 11.35 at
 # 128, 19.68 / 21.76 at 256 (separate processes, the default in both).
+# "cuda_sn_units_per_block" / "cuda_sn_min_blocks_per_sm": an SN call launches ceil(T * H / 2) blocks, but at
+# least min(T * H, one per SM), not the object's whole grid (sized for 256 tokens: 4 per SM); the object's call
+# counters still count every call (csrc/query_common.cuh, enter_call). Session 12, calls 1-2, FP8 32 heads, graph,
+# us, whole grid / one unit per block / 2 / 3 / one unit per block and at most 1 per SM: 3.38 / 3.32 / 3.48 / 3.56
+# / 3.30 at T = 1, 3.48 / 3.42 / 3.44 / 3.51 / 3.36 at 2, 3.79 / 3.64 / 3.61 / 3.59 / 3.61 at 4, 4.09 / 3.94 /
+# 3.83 / 3.88 / 3.82 at 8, 4.54 / 4.53 / 4.38 / 4.37 / 4.82 at 16, 5.43 / 5.44 / 5.43 / 5.45 / 6.26 at 32, 11.01
+# / 11.11 / 10.97 / 11.03 at 128: fewer, fuller blocks pay at T = 4-24, a block per unit at T <= 2, the whole
+# grid from 32 tokens on (which this rule reaches there). 0: the whole grid at every T (session 11).
 # "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
 # (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
@@ -124,8 +132,21 @@ TUNING = {
     "cuda_sn_programs_per_sm": 4,
     "cuda_sn_pdl": True,
     "cuda_sn_wide_min_bytes": 64 * _ROWS,
+    "cuda_sn_units_per_block": 2,
+    "cuda_sn_min_blocks_per_sm": 1,
     "cuda_ll_early": True,
 }
+
+
+def launch_blocks(mode: int, tokens: int, heads: int, num_programs: int, units_per_block: int, min_blocks: int) -> int:
+    """The CUDA grid of a call. An SN call with ``units_per_block`` > 0 (``TUNING["cuda_sn_units_per_block"]``)
+    launches ceil(tokens * heads / units_per_block) blocks, but at least min(tokens * heads, ``min_blocks``)
+    (``TUNING["cuda_sn_min_blocks_per_sm"]`` times the SMs) and at most the object's ``num_programs``; every
+    other call (and SN with 0) launches the object's grid."""
+    if mode != K.MODE_PUSH_SN or units_per_block <= 0:
+        return num_programs
+    units = tokens * heads
+    return min(num_programs, max(-(-units // units_per_block), min(units, min_blocks)))
 
 
 def tuning_bytes(key: str, out_dtype: torch.dtype) -> int:
@@ -338,6 +359,8 @@ class QueryGather:
         self.impl = self._choose_impl(impl, reasons)
         self._pdl_max = int(TUNING["cuda_pdl_max_tokens"]) if self.impl == "cuda" else 0
         self._sn_pdl = bool(TUNING["cuda_sn_pdl"])
+        self._sn_upb = int(TUNING["cuda_sn_units_per_block"])  # SN grid per call: ceil(T * H / this) (0: whole)
+        self._sn_floor = 0  # ... but at least this many blocks (set with the grid: TUNING per SM times the SMs)
         self._sn_wide_min: int | None = None  # SN calls with T above it use 16-byte stores (None: never)
         if self._pdl_max:
             reasons.append(f"PDL launch for T <= {self._pdl_max}")
@@ -494,14 +517,22 @@ class QueryGather:
                             ops.sn_blocks_per_sm(self.rope_style == "neox", self.out_dtype == torch.float8_e4m3fn),
                         ),
                     )
-                num_programs = per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
+                sms = torch.cuda.get_device_properties(dev).multi_processor_count
+                num_programs = per_sm * sms
+                self._sn_floor = int(TUNING["cuda_sn_min_blocks_per_sm"] * sms)
             else:
                 num_programs = 4
-        nprogs = all_gather_object(info, num_programs)
-        self.num_programs = NP = min(nprogs)  # the grids must match: twin programs wait for each other
+        grids = all_gather_object(info, (num_programs, self._sn_floor))
+        self.num_programs = NP = min(g[0] for g in grids)  # the grids must match: twin programs wait for each other
+        self._sn_floor = min(g[1] for g in grids)  # (SN areas are unit-indexed; one rule everywhere all the same)
         if self._sn_max and dev.type == "cuda":
             pdl = ", PDL on every SN call" if self._sn_pdl else ""
-            reasons.append(f"grid {NP} blocks (sentinel push: up to {TUNING['cuda_sn_programs_per_sm']} per SM{pdl})")
+            cut = ""
+            if self._sn_upb > 0:
+                cut = f"; an SN call on ceil(T*H/{self._sn_upb}) of them, at least min(T*H, {self._sn_floor})"
+            reasons.append(
+                f"grid {NP} blocks (sentinel push: up to {TUNING['cuda_sn_programs_per_sm']} per SM{pdl}{cut})"
+            )
         self._bu = 4 if self._gpu else 2
         raw_bytes = self.max_tokens * H * self.head_dim * 2
         slot_bytes = raw_bytes
@@ -760,6 +791,10 @@ class QueryGather:
         )
 
     # ---------------------------------------------------------------------------------- launches
+    def _launch_blocks(self, mode: int, T: int) -> int:
+        """The CUDA grid of a call of ``mode`` with T tokens (:func:`launch_blocks`)."""
+        return launch_blocks(mode, T, self.heads_per_rank, self.num_programs, self._sn_upb, self._sn_floor)
+
     def _launch_direct(self, mode, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:
         buf = self._buf
         if self.impl == "cuda":
@@ -804,6 +839,7 @@ class QueryGather:
                 mode | bits,
                 self.rope_style == "neox",
                 self._mech,
+                self._launch_blocks(mode, T),
             )
         else:
             K.direct_kernel[(self.num_programs,)](

@@ -65,7 +65,8 @@ def load() -> ctypes.CDLL:
         _i32,
         _i32,
         _i32,
-        _i32,  # nprog, mode, neox, fp8, mech
+        _i32,
+        _i32,  # nprog, blocks, mode, neox, fp8, mech
         _vp,  # stream
     ]
     lib.peerdcp_query_sn_blocks_per_sm.restype = ctypes.c_int
@@ -103,7 +104,7 @@ def _query_direct_op(
     (T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max, ll128_off, ll128_lines) = (
         geometry[:14]
     )
-    sn_off, sn_max, nprog, mode, neox, mech = geometry[14:]
+    sn_off, sn_max, nprog, blocks, mode, neox, mech = geometry[14:]
     lib = load()
     stream = torch.cuda.current_stream(out.device).cuda_stream
     err = lib.peerdcp_query_direct(
@@ -141,6 +142,7 @@ def _query_direct_op(
         sn_off,
         sn_max,
         nprog,
+        blocks,
         mode,
         neox,
         int(out.dtype == torch.float8_e4m3fn),
@@ -214,8 +216,12 @@ def query_direct(
     mode,
     neox,
     mech,
+    blocks: int = 0,
 ) -> None:
-    """Launch one call of the CUDA direct kernel on the current stream (see ``csrc/query_direct.cu``)."""
+    """Launch one call of the CUDA direct kernel on the current stream (see ``csrc/query_direct.cu``).
+
+    ``nprog`` is the object's grid (its call counters); ``blocks`` this launch's grid (0: ``nprog``), fewer only
+    for the flag-free push modes (LL, LL12, LL128, SN)."""
     torch.ops.peerdcp.query_direct(
         q_nope,
         q_pe,
@@ -229,7 +235,7 @@ def query_direct(
         timeout_ns,
         quant_scale,
         [T, rank, W, H, HOUT, NOPE, ROPE, max_tokens, data_off, slot_bytes, ll_off, ll_max_tokens, ll128_off]
-        + [ll128_lines, sn_off, sn_max_tokens, nprog, mode, int(neox), mech],
+        + [ll128_lines, sn_off, sn_max_tokens, nprog, blocks, mode, int(neox), mech],
     )
 
 

@@ -229,7 +229,8 @@ class QueryGather:
         device: the tensors' device (default: the current CUDA device, else CPU).
         num_programs: direct backend grid size (default on GPU: 2 per SM, or for an object whose copy calls use
             the CUDA sentinel push up to ``TUNING["cuda_sn_programs_per_sm"]`` per SM, as many as are resident
-            at once; 4 in the interpreter).
+            at once, of which an SN call launches only what it needs (:func:`launch_blocks`); 4 in the
+            interpreter).
 
     Attributes:
         backend, memory (None for allgather), impl, exchange, reason (why auto chose what it chose),

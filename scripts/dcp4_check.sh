@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 8 in one device call of ~9 minutes on nvidia-h200-x4 (or -x8 with WORLD=8): the W-dependent GPU tests
+# of the three mechanisms (Query sentinel push first: it has never run at W > 2), the main job, and short
+# benchmarks with their baselines in the same process. Stage budgets sum to ~520 s; logs (and query.json) under
+# $OUT, at most 8 files (the device returns no more). Usage: WORLD=4 bash scripts/dcp4_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+W=${WORLD:-4}
+export PEERDCP_GPU_WORLD=$W NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+Q=tests/test_query_gpu.py
+G="$Q::test_gpu_graph_10000_replays_changing_inputs"
+QUERY="$G[vmm-cuda-push_sn] $G[vmm-cuda-push_sn16] $G[vmm-cuda-push_sn_whole] $G[symm-cuda-push_sn] $G[vmm-cuda-push]
+ $G[vmm-cuda-push_plain] $G[vmm-cuda-raw] $G[vmm-cuda-exposed] $Q::test_gpu_graph_10000_replays_bf16_sentinel_push
+ $Q::test_gpu_missing_peer_times_out[cuda_sn] $Q::test_gpu_byte_identical_cuda_paths[vmm] $Q::test_gpu_back_to_back_eager[cuda]"
+O=tests/test_output_gpu.py
+T=tests/test_topk_gpu.py
+OTHERS="tests/test_memory_gpu.py::test_gpu_write_read_every_peer[vmm] $O::test_10000_graph_replays_with_changing_inputs[cuda-vmm]
+ $O::test_direct_agrees_with_reference[cuda-vmm] $O::test_nccl_baselines_agree[a2a] $T::test_gpu_exact_selection_k2048[vmm-cuda]
+ $T::test_gpu_cuda_graph_replays[1-direct-vmm-cuda] $T::test_gpu_cuda_graph_replays[64-direct-vmm-cuda]
+ $T::test_gpu_sharded_pipeline_matches_replicated[vmm] $O::test_direct_agrees_with_reference[cuda-symm]
+ $T::test_gpu_exact_selection_k2048[symm-cuda]"
+stage() { STAGE_TIMEOUT=$1 TEST_TIMEOUT=120 bash scripts/gpu_check.sh "$2" 2>&1 | sed -n '/-------- summary/,$p' | tail -n 3; }
+stage 20 env
+stage 190 "tests-query:$(echo $QUERY)"
+stage 60 "run:--world $W --geometry deepseek-v3.2 --rows 1,8,64 --context 32768"
+stage 45 "bench-query:--world $W --heads $((128 / (W > 4 ? W : 4))) --dtypes fp8 --modes graph --tokens 1 8 64 256 --iters 20 --variants direct-cuda-auto-vmm allgather-fused nccl-ag-only"
+stage 100 "tests-others:$(echo $OTHERS)"
+stage 55 "bench-output:--world $W --geometries kimi dsv32 --tokens 1 8 64 256 --modes graph --memories vmm --kernels cuda --iters 20 --sglang-kernels .sglk/dcp_kernels.py"
+stage 60 "bench-topk:--world $W --quick"
+rm -f "${OUT:-out}"/*.png "${OUT:-out}"/run.json "${OUT:-out}"/output.json "${OUT:-out}"/topk.json
+for f in bench-query bench-output bench-topk; do echo "##### $f"; tail -n 14 "${OUT:-out}/$f.log"; done

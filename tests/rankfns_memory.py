@@ -51,6 +51,26 @@ def write_read_all(nbytes: int, memory: str = "host", device: str = "cpu") -> di
     return {"zero": zero_ok, "ok": ok, "reads": reads, "closed": buf.closed}
 
 
+def fill_collective(nbytes: int, offset: int, n: int, value: int) -> dict:
+    """Each rank fills bytes [offset, offset + n) of its buffer with `value` collectively; right after the
+    call, every rank reads every peer's range (already landed) and the bytes around it (untouched, zero)."""
+    buf = peerdcp.memory.allocate(nbytes, memory="host", device="cpu")
+    try:
+        buf.fill_collective(offset, n, value)
+        peers = [buf.view(p, (nbytes,), torch.uint8) for p in range(buf.world_size)]
+        filled = all(bool((v[offset : offset + n] == value).all()) for v in peers)
+        rest = all(int(v[:offset].sum()) + int(v[offset + n :].sum()) == 0 for v in peers)
+        errors = []
+        for bad in ((-1, n, value), (offset, nbytes, value), (offset, n, 256)):
+            try:
+                buf.fill_collective(*bad)
+            except ValueError as e:
+                errors.append(str(e))
+    finally:
+        buf.close()
+    return {"filled": filled, "rest": rest, "errors": errors}
+
+
 def kernel_roundtrip(rounds: int, n: int, memory: str = "host", device: str = "cpu") -> list[bool]:
     W = torch.distributed.get_world_size()
     res = []

@@ -19,6 +19,13 @@ def test_host_write_read_every_peer(pools, world):
         assert r == {"zero": True, "ok": True, "reads": True, "closed": True}
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_fill_collective_lands_everywhere_before_it_returns(pools, world):
+    for r in pools(world).run(fns.fill_collective, 4096, 256, 1000, 0xFF):
+        assert r["filled"] and r["rest"], r
+        assert len(r["errors"]) == 3, r  # bad offset, range past the end, value not a byte: ValueError each
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_interpreted_kernel_signal_roundtrip(pools, world):
     res = pools(world).run(fns.kernel_roundtrip, 3, 37)

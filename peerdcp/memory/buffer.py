@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._dist import GroupInfo
+from .._dist import GroupInfo, all_gather_object
 
 __all__ = ["PeerBuffer"]
 
@@ -86,6 +86,17 @@ class PeerBuffer:
         if end > self.nbytes:
             raise ValueError(f"view [{offset}, {end}) leaves the allocation of {self.nbytes} bytes")
         return self._peer_bytes[peer][offset:end].view(dtype).view(shape)
+
+    def fill_collective(self, offset: int, nbytes: int, value: int) -> None:
+        """Collective: set this rank's bytes ``[offset, offset + nbytes)`` to ``value`` (0..255) on every rank,
+        then return only once every rank's fill has landed (device sync, then a barrier of the group), so no
+        peer can store into the range before it holds ``value`` (a rest state that protocols rely on)."""
+        if not 0 <= value <= 255:
+            raise ValueError(f"value must be a byte (0..255), got {value}")
+        self.view(self.rank, (nbytes,), torch.uint8, offset).fill_(value)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        all_gather_object(self._info, None)
 
     # --- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:

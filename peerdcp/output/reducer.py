@@ -451,13 +451,8 @@ class OutputReducer:
             ll128_tokens=self.ll128_max_tokens, sn_tokens=self.max_tokens if self._sn else 0,
         )  # fmt: skip
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
-        if self._sn:
-            # the sentinel region's rest state (every byte 0xFF), in place on every rank before any peer can
-            # publish into it: fill, wait for the fill, then a barrier
-            L = self._layout
-            self._buf.local[L.sn_off : L.sn_off + L.sn_payload_bytes].fill_(0xFF)
-            torch.cuda.synchronize(dev)
-            all_gather_object(info, None)
+        if self._sn:  # the sentinel region's rest state (every byte 0xFF), before any peer can publish into it
+            self._buf.fill_collective(self._layout.sn_off, self._layout.sn_payload_bytes, 0xFF)
         self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
         self._err_np = self._err.tensor.numpy()

@@ -553,12 +553,8 @@ class QueryGather:
         self._sn_off = -(-(self._ll128_off + 2 * W * self._ll128_lines * 128) // 256) * 256
         sn_bytes = 2 * W * self._sn_max * H * self.head_dim * self.out_dtype.itemsize
         self._buf = _memory.allocate(self._sn_off + sn_bytes, info.group, memory=self.memory, device=dev)
-        if sn_bytes:
-            # its rest state (every byte 0xFF) in place on every rank before any peer can publish into it:
-            # fill, wait for the fill, then a barrier
-            self._buf.local[self._sn_off : self._sn_off + sn_bytes].fill_(0xFF)
-            torch.cuda.synchronize(dev)
-            all_gather_object(info, None)
+        if sn_bytes:  # its rest state (every byte 0xFF), before any peer can publish into it
+            self._buf.fill_collective(self._sn_off, sn_bytes, 0xFF)
         self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
         self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 8 in one device call of ~9 minutes on nvidia-h200-x4 (or -x8 with WORLD=8): the W-dependent GPU tests
 # of the three mechanisms (Query sentinel push first: it has never run at W > 2), the main job, and short
-# benchmarks with their baselines in the same process. Stage budgets sum to ~520 s; logs (and query.json) under
+# benchmarks with their baselines in the same process. Stage budgets sum to ~500 s; logs (and query.json) under
 # $OUT, at most 8 files (the device returns no more). Usage: WORLD=4 bash scripts/dcp4_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +21,10 @@ OTHERS="tests/test_memory_gpu.py::test_gpu_write_read_every_peer[vmm] $O::test_1
  $T::test_gpu_exact_selection_k2048[symm-cuda]"
 stage() { STAGE_TIMEOUT=$1 TEST_TIMEOUT=120 bash scripts/gpu_check.sh "$2" 2>&1 | sed -n '/-------- summary/,$p' | tail -n 3; }
 stage 20 env
-stage 190 "tests-query:$(echo $QUERY)"
+stage 170 "tests-query:$(echo $QUERY)"
 stage 60 "run:--world $W --geometry deepseek-v3.2 --rows 1,8,64 --context 32768"
 stage 45 "bench-query:--world $W --heads $((128 / (W > 4 ? W : 4))) --dtypes fp8 --modes graph --tokens 1 8 64 256 --iters 20 --variants direct-cuda-auto-vmm allgather-fused nccl-ag-only"
-stage 100 "tests-others:$(echo $OTHERS)"
+stage 90 "tests-others:$(echo $OTHERS)"
 stage 55 "bench-output:--world $W --geometries kimi dsv32 --tokens 1 8 64 256 --modes graph --memories vmm --kernels cuda --iters 20 --sglang-kernels .sglk/dcp_kernels.py"
 stage 60 "bench-topk:--world $W --quick"
 rm -f "${OUT:-out}"/*.png "${OUT:-out}"/run.json "${OUT:-out}"/output.json "${OUT:-out}"/topk.json

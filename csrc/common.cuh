@@ -99,6 +99,22 @@ __device__ __forceinline__ void report_timeout(int64_t* err, int rank, int peer,
   e[0] = 1;
 }
 
+// A thread's bounded poll: until `here()`, `reload()` what it waits for and look again, reading the clock every
+// 64 misses; gives up once `timeout_ns` have passed since the first miss. The caller checks here() after it
+// (false: timed out; it records the error and skips the data). The Output LL, LL128 LSE and sentinel waits.
+template <typename Here, typename Reload>
+__device__ __forceinline__ void spin_until(int64_t timeout_ns, Here here, Reload reload) {
+  const uint64_t t0 = global_timer_ns();
+  int spins = 0;
+  while (!here()) {
+    reload();
+    if (!here() && ++spins == 64) {
+      spins = 0;
+      if (static_cast<int64_t>(global_timer_ns() - t0) > timeout_ns) break;
+    }
+  }
+}
+
 // Bounded acquire poll of an int64 flag until it equals `value`. Returns false after `timeout_ns`
 // (and records the error): the caller must then skip the data it waited for. Never traps.
 __device__ __forceinline__ bool wait_equal_sys(const int64_t* flag, int64_t value, int64_t timeout_ns, int64_t* err,

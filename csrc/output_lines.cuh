@@ -103,18 +103,14 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
         uint2 c = peerdcp::ld_volatile_v2(lw);
         bool ready = arrived(a, b, c);
         if (!ready && !((dead >> s) & 1)) {
-          const uint64_t t0 = peerdcp::global_timer_ns();
-          int spins = 0;
-          while (!ready) {
-            a = peerdcp::ld_volatile_v4(line);
-            b = peerdcp::ld_volatile_v4(line + 1);
-            c = peerdcp::ld_volatile_v2(lw);
-            ready = arrived(a, b, c);
-            if (!ready && ++spins == 64) {
-              spins = 0;
-              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
-            }
-          }
+          peerdcp::spin_until(
+              p.timeout_ns, [&] { return ready; },
+              [&] {
+                a = peerdcp::ld_volatile_v4(line);
+                b = peerdcp::ld_volatile_v4(line + 1);
+                c = peerdcp::ld_volatile_v2(lw);
+                ready = arrived(a, b, c);
+              });
           if (!ready) {  // timed out: this source counts as empty; the host raises at the next call
             dead |= 1 << s;
             peerdcp::report_timeout(p.err, rank, s, p.mech, call_flag(e, p.T));
@@ -397,15 +393,7 @@ __global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __
         }
         auto settle = [&](uint2& c, int h) {
           if (c.y == f || ((lse_dead >> s) & 1)) return;
-          const uint64_t t0 = peerdcp::global_timer_ns();
-          int spins = 0;
-          while (c.y != f) {
-            c = peerdcp::ld_volatile_v2(lw + h);
-            if (c.y != f && ++spins == 64) {
-              spins = 0;
-              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
-            }
-          }
+          peerdcp::spin_until(p.timeout_ns, [&] { return c.y == f; }, [&] { c = peerdcp::ld_volatile_v2(lw + h); });
           if (c.y != f) {
             lse_dead |= 1 << s;
             peerdcp::report_timeout(p.err, rank, s, p.mech, fv);

@@ -167,16 +167,10 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
         };
         auto here = [&]() { return lse_here() && !has_sentinel(x[k][j]); };
         if (!here() && !((dead >> s) & 1)) {
-          const uint64_t t0 = peerdcp::global_timer_ns();
-          int spins = 0;
-          while (!here()) {
+          peerdcp::spin_until(p.timeout_ns, here, [&] {
             if (!lse_here()) peerdcp::ld_volatile_v2u64(lw, c[k][j], c2[k][j]);
             if (has_sentinel(x[k][j])) x[k][j] = peerdcp::ld_volatile_v4(in_pay + row * HV + o[k]);
-            if (!here() && ++spins == 64) {
-              spins = 0;
-              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
-            }
-          }
+          });
           if (!here()) {  // timed out: this source counts as empty; the host raises at the next call
             dead |= 1 << s;
             peerdcp::report_timeout(p.err, rank, s, p.mech, call_flag(e, g.T));

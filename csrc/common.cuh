@@ -101,7 +101,9 @@ __device__ __forceinline__ void report_timeout(int64_t* err, int rank, int peer,
 
 // A thread's bounded poll: until `here()`, `reload()` what it waits for and look again, reading the clock every
 // 64 misses; gives up once `timeout_ns` have passed since the first miss. The caller checks here() after it
-// (false: timed out; it records the error and skips the data). The Output LL, LL128 LSE and sentinel waits.
+// (false: timed out; it records the error and skips the data). The Output LL128 LSE settle and sentinel waits;
+// the LL kernel's wait (output_lines.cuh) has the same shape but stays written out: through this helper its
+// kernel compiled differently and measured 2-5 % slower at T = 4-8 (session 12, A/B/A/B in separate processes).
 template <typename Here, typename Reload>
 __device__ __forceinline__ void spin_until(int64_t timeout_ns, Here here, Reload reload) {
   const uint64_t t0 = global_timer_ns();

@@ -102,15 +102,19 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
         uint4 a = peerdcp::ld_volatile_v4(line), b = peerdcp::ld_volatile_v4(line + 1);
         uint2 c = peerdcp::ld_volatile_v2(lw);
         bool ready = arrived(a, b, c);
-        if (!ready && !((dead >> s) & 1)) {
-          peerdcp::spin_until(
-              p.timeout_ns, [&] { return ready; },
-              [&] {
-                a = peerdcp::ld_volatile_v4(line);
-                b = peerdcp::ld_volatile_v4(line + 1);
-                c = peerdcp::ld_volatile_v2(lw);
-                ready = arrived(a, b, c);
-              });
+        if (!ready && !((dead >> s) & 1)) {  // (peerdcp::spin_until's loop, written out: see common.cuh)
+          const uint64_t t0 = peerdcp::global_timer_ns();
+          int spins = 0;
+          while (!ready) {
+            a = peerdcp::ld_volatile_v4(line);
+            b = peerdcp::ld_volatile_v4(line + 1);
+            c = peerdcp::ld_volatile_v2(lw);
+            ready = arrived(a, b, c);
+            if (!ready && ++spins == 64) {
+              spins = 0;
+              if (static_cast<int64_t>(peerdcp::global_timer_ns() - t0) > p.timeout_ns) break;
+            }
+          }
           if (!ready) {  // timed out: this source counts as empty; the host raises at the next call
             dead |= 1 << s;
             peerdcp::report_timeout(p.err, rank, s, p.mech, call_flag(e, p.T));

@@ -208,7 +208,7 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
 }
 
 // Kernel prologue, every block of every call: PDL wait (the previous grid is complete and visible) and
-// trigger, then bump this block's call counter (only block p touches epochs[p]) into *e_sh.
+// trigger, then bump this block's call counter epochs[p] into *e_sh.
 // Every counter holds the number of calls so far. A launch of fewer blocks than counters (a.nprog < a.ncnt:
 // a small LL / SN call, whose blocks wait for no flag of a twin block) has block p count for the counters
 // p + k * nprog too, thread k each (its own load and store: no other thread or block of this call touches that

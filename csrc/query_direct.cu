@@ -259,15 +259,14 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   a.ll128_off = ll128_off, a.ll128_lines = ll128_lines;
   a.sn_off = sn_off, a.sn_max_tokens = sn_max_tokens;
   a.early = (mode & kModeEarly) != 0;
-  if ((mode & kModeEarly) && (mode & ~kModeBits) != kPushLL && (mode & ~kModeBits) != kPushSN)
-    return (int)cudaErrorInvalidValue;
+  if ((mode & kModeEarly) && base_mode != kPushLL && base_mode != kPushSN) return (int)cudaErrorInvalidValue;
   // the wide bit: SN with interleaved RoPE only (its pairs are output words 2i, 2i + 1 of one row); it
   // loads its own rounds (no early load)
   const bool wide = (mode & kModeWide) != 0;
-  if (wide && ((mode & ~kModeBits) != kPushSN || neox || (mode & kModeEarly))) return (int)cudaErrorInvalidValue;
+  if (wide && (base_mode != kPushSN || neox || (mode & kModeEarly))) return (int)cudaErrorInvalidValue;
   if (T <= 0) return (int)cudaSuccess;
   const bool pdl = (mode & kModePdl) != 0;
-  switch (mode & ~kModeBits) {
+  switch (base_mode) {
     case kRaw:
       return (int)launch_mode<kRaw>(a, neox != 0, fp8 != 0, pdl, stream);
     case kRoped:

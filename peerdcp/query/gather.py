@@ -361,7 +361,7 @@ class QueryGather:
         self._pdl_max = int(TUNING["cuda_pdl_max_tokens"]) if self.impl == "cuda" else 0
         self._sn_pdl = bool(TUNING["cuda_sn_pdl"])
         self._sn_upb = int(TUNING["cuda_sn_units_per_block"])  # SN grid per call: ceil(T * H / this) (0: whole)
-        self._sn_floor = 0  # ... but at least this many blocks (set with the grid: TUNING per SM times the SMs)
+        self._sn_floor = 0  # ... but at least this many blocks (on CUDA: TUNING per SM times the SMs)
         self._sn_wide_min: int | None = None  # SN calls with T above it use 16-byte stores (None: never)
         if self._pdl_max:
             reasons.append(f"PDL launch for T <= {self._pdl_max}")
@@ -505,6 +505,9 @@ class QueryGather:
 
     def _setup_direct(self, num_programs: int | None, reasons: list[str]) -> None:
         info, dev, W, H = self._info, self.device, self.world_size, self.heads_per_rank
+        if dev.type == "cuda":  # the SN call grid's floor, whoever sized the object's grid
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            self._sn_floor = int(TUNING["cuda_sn_min_blocks_per_sm"] * sms)
         if num_programs is None:
             if dev.type == "cuda":
                 per_sm = 2
@@ -518,9 +521,7 @@ class QueryGather:
                             ops.sn_blocks_per_sm(self.rope_style == "neox", self.out_dtype == torch.float8_e4m3fn),
                         ),
                     )
-                sms = torch.cuda.get_device_properties(dev).multi_processor_count
                 num_programs = per_sm * sms
-                self._sn_floor = int(TUNING["cuda_sn_min_blocks_per_sm"] * sms)
             else:
                 num_programs = 4
         grids = all_gather_object(info, (num_programs, self._sn_floor))

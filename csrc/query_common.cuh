@@ -34,6 +34,25 @@ struct Peers {
   uint64_t base[kMaxW];
 };
 
+// Division by a divisor fixed for the call (heads, items per row, ...), for dividends in [0, 2^31): the
+// round-up reciprocal method (Granlund & Montgomery; Hacker's Delight 10-9), q = (umulhi(x, m) + x) >> s with
+// s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1, exact for every such x. The host computes (m, s) once
+// per launch; a division by a runtime int is ~20 dependent instructions (I2F, MUFU.RCP, F2I, IMAD.HI, fix-ups)
+// on the publish's and the consumer's address paths, this is two. tests/test_query_fastdiv.py checks the
+// formula; every GPU byte-identity test runs it.
+struct FastDiv {
+  uint32_t m, s;
+  int d;
+  __host__ static FastDiv make(int d) {  // d < 1: a divisor the call never divides by (no items); the identity
+    if (d < 1) d = 1;
+    uint32_t s = 0;
+    while ((1ull << s) < (uint64_t)d) ++s;
+    return {(uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - (uint64_t)d)) / (uint64_t)d + 1), s, d};
+  }
+  __device__ __forceinline__ int div(int x) const { return (int)((__umulhi((uint32_t)x, m) + (uint32_t)x) >> s); }
+  __device__ __forceinline__ int mod(int x) const { return x - div(x) * d; }
+};
+
 struct Params {
   const uint16_t* q_nope;  // bf16 [T, H, NOPE], strides s_nt, s_nh (elements)
   const uint16_t* q_pe;    // bf16 [T, H, ROPE], strides s_pt, s_ph
@@ -56,6 +75,10 @@ struct Params {
   int early;                      // PUSH_LL / _SN: load the first round of inputs before the epoch / cos-sin barrier
   int64_t sn_off, sn_max_tokens;  // PUSH_SN area: [2 parity][W src][sn_max_tokens][H][D] out-dtype rows, at rest 0xFF
   int ncnt;  // call counters (the object's grid); nprog (this launch's grid) is smaller only for flag-free modes
+  int upp;   // units per block of this launch, ceil(T * H / nprog)
+  // the call's fixed divisors: heads, rope dims, work items per unit (interleaved, NeoX: items_per_unit),
+  // 8- and 16-byte words per output row (D * osize / 8, / 16)
+  FastDiv fd_h, fd_rope, fd_ipu[2], fd_w8, fd_w16;
 };
 
 // Where a publish's extra rows go: the parity slot (or LL area parity) and, PUSH_LL, this call's flag.
@@ -107,8 +130,21 @@ __device__ __forceinline__ char* slot_of(const Params& a, int r, int slot) {
 }
 // Source rank of item idx of a consumer pass over every peer's items (per_src each, the peers after this rank
 // in turn).
-__device__ __forceinline__ int peer_of(const Params& a, int idx, int per_src) {
-  return (a.rank + 1 + idx / per_src) % a.W;
+// Rank i places after this one (0 <= i < 2W).
+__device__ __forceinline__ int rank_after(const Params& a, int i) {
+  const int r = a.rank + i;
+  return r >= a.W ? r - a.W : r;
+}
+// Source of consumer item idx (< (W - 1) * per_src) and, in *rem, its index within that source's items
+// (subtractions: at most W - 2 of them, against a division by a per-block count).
+__device__ __forceinline__ int peer_of(const Params& a, int idx, int per_src, int* rem) {
+  int i = 1;
+  while (idx >= per_src) {
+    idx -= per_src;
+    ++i;
+  }
+  *rem = idx;
+  return rank_after(a, i);
 }
 // PUSH slot: source s's finished rows [max_tokens, H, D] (out dtype) start at s * push_region(a, osize).
 __device__ __forceinline__ int64_t push_region(const Params& a, int osize) {
@@ -142,7 +178,7 @@ __device__ __forceinline__ uint64_t sn_word_bf16(uint32_t lo, uint32_t hi) {
 
 // Byte `off` of the buffer of the i-th peer after this rank (1 <= i < W), as 8-byte words (the SN stores).
 __device__ __forceinline__ uint64_t* peer_word(const Params& a, int i, int64_t off) {
-  return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + off);
+  return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.peers.base[rank_after(a, i)]) + off);
 }
 
 // PUSH_SN area (offset from a rank's buffer base) of parity `par`, source `src`: the finished rows
@@ -243,10 +279,10 @@ __device__ __forceinline__ CosSin stage_cos_sin(const Params& a, int t_first, in
   const int ntok = t_last - t_first + 1;
   if (ntok <= kMaxTok && a.ROPE <= kMaxRope) {
     for (int i = threadIdx.x; i < ntok * a.ROPE; i += blockDim.x) {
-      const int t = t_first + i / a.ROPE;
+      const int t = t_first + a.fd_rope.div(i);
       int64_t pp = a.pos64 ? static_cast<const int64_t*>(a.pos)[t] : static_cast<const int32_t*>(a.pos)[t];
       pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);
-      sh[i] = a.cos_sin[pp * a.ROPE + i % a.ROPE];
+      sh[i] = a.cos_sin[pp * a.ROPE + (i - (t - t_first) * a.ROPE)];
     }
     cs.sh = sh;
   }

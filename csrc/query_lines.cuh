@@ -71,14 +71,14 @@ __device__ __forceinline__ void poll_items(const Params& a, int n, uint32_t f, L
 // call; on timeout it records the error once and leaves the missing rows (the host raises).
 __device__ void copy_rows_ll(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
   const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
-  const int nq = (int)(row_bytes / 8);  // lines per row
+  const int nq = a.fd_w8.d;  // lines per row: row_bytes / 8
   const int per_src = (u1 - u0) * nq;
   poll_items<const uint4*>(
       a, (a.W - 1) * per_src, f,
       [&](int idx, const uint4*& src, int64_t& dst) {
-        const int s = peer_of(a, idx, per_src);
-        const int rem = idx % per_src;
-        const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+        int rem;
+        const int s = peer_of(a, idx, per_src, &rem);
+        const int du = a.fd_w8.div(rem), u = u0 + du, q = rem - du * nq, t = a.fd_h.div(u), h = u - t * a.H;
         src = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(a.peers.base[a.rank]) +
                                             ll_region(a, par, s, osize)) + (int64_t)u * nq + q;
         dst = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 8 * (int64_t)q;
@@ -210,15 +210,16 @@ __device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t 
 // single-copy atomic, not the pair, so a pair is taken once neither half is at rest).
 template <int kW>
 __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t f, int osize) {
-  const int nq = (a.NOPE + a.ROPE) * osize / (8 * kW);  // items per row
+  const FastDiv& fq = kW == 1 ? a.fd_w8 : a.fd_w16;
+  const int nq = fq.d;  // items per row: D * osize / (8 * kW)
   const int per_src = (u1 - u0) * nq;
   char* const area = reinterpret_cast<char*>(a.peers.base[a.rank]);
   poll_items<uint64_t*>(
       a, (a.W - 1) * per_src, f,
       [&](int idx, uint64_t*& src, int64_t& dst) {
-        const int s = peer_of(a, idx, per_src);
-        const int rem = idx % per_src;
-        const int u = u0 + rem / nq, q = rem % nq, t = u / a.H, h = u % a.H;
+        int rem;
+        const int s = peer_of(a, idx, per_src, &rem);
+        const int du = fq.div(rem), u = u0 + du, q = rem - du * nq, t = a.fd_h.div(u), h = u - t * a.H;
         src = reinterpret_cast<uint64_t*>(area + sn_region(a, par, s, osize)) + kW * ((int64_t)u * nq + q);
         dst = ((int64_t)t * a.HOUT + s * a.H + h) * nq * 8 * kW + 8 * kW * (int64_t)q;
         return s;
@@ -305,8 +306,8 @@ struct UnitWord {
   int t, h, j;
 };
 __device__ __forceinline__ UnitWord unit_word(const Params& a, int u0, int lw, int wpr) {
-  const int u = u0 + lw / wpr;
-  return {u / a.H, u % a.H, lw % wpr};
+  const int du = a.fd_w8.div(lw), u = u0 + du, t = a.fd_h.div(u);  // wpr = D * osize / 8
+  return {t, u - t * a.H, lw - du * wpr};
 }
 __device__ __forceinline__ int64_t out_off(const Params& a, int s, const UnitWord& x, int osize) {
   return ((int64_t)x.t * a.HOUT + s * a.H + x.h) * (int64_t)(a.NOPE + a.ROPE) * osize + 8 * (int64_t)x.j;
@@ -343,7 +344,7 @@ __device__ void publish_ll12(const Params& a, const CosSin& cs, int u0, int u1, 
 #pragma unroll
       for (int q = 0; q < kTriple; ++q) o[q] = v[q];
       for (int i = 1; i < a.W; ++i) {
-        uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine) + 2 * idx;
+        uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[rank_after(a, i)]) + mine) + 2 * idx;
         // (weak 16-byte stores measured the same, session 7)
         peerdcp::st_volatile_v4(d, v[0].x, v[0].y, v[1].x, f);
         peerdcp::st_volatile_v4(d + 1, v[1].y, v[2].x, v[2].y, f);
@@ -362,8 +363,8 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
   poll_items<const uint4*>(
       a, (a.W - 1) * per_src, f,
       [&](int idx, const uint4*& src, int64_t& dst) {
-        const int s = peer_of(a, idx, per_src);
-        const int li = idx % per_src;  // triple within this block's units
+        int li;  // triple within this block's units
+        const int s = peer_of(a, idx, per_src, &li);
         src = reinterpret_cast<const uint4*>(area + ll12_region(a, par, s, osize)) + 2 * li;
         dst = out_off(a, s, unit_word(a, u0, kTriple * li, wpr), osize);
         return s;

@@ -35,20 +35,27 @@ __device__ __forceinline__ int items_per_unit(const Params& a) {
 // neighbouring threads read neighbouring bytes of one source).
 template <bool NEOX, bool CG>
 __device__ __forceinline__ void load_item(Item& it, const Params& a, const Sources& src, int u0, int u1, int idx) {
-  const int ipu = items_per_unit<NEOX>(a);
-  const int per_src = (u1 - u0) * ipu;
-  const int i = idx / per_src, rem = idx % per_src;
-  const int u = u0 + rem / ipu;
-  it.j = rem % ipu;
-  it.t = u / a.H;
-  it.h = u % a.H;
+  const FastDiv& ipu = a.fd_ipu[NEOX];
+  const int per_src = (u1 - u0) * ipu.d;
+  int i = 0, rem = idx;  // source i of the pass, item rem of its units (a single source: i = 0)
+  if (src.ok != nullptr) {
+    while (rem >= per_src) {
+      rem -= per_src;
+      ++i;
+    }
+  }
+  const int du = ipu.div(rem);
+  const int u = u0 + du;
+  it.j = rem - du * ipu.d;
+  it.t = a.fd_h.div(u);
+  it.h = u - it.t * a.H;
   const uint16_t *nope, *pe;
   if (src.ok == nullptr) {
     it.s = src.src_rank;
     nope = src.nope + it.t * src.n_st + it.h * src.n_sh;
     pe = src.pe + it.t * src.p_st + it.h * src.p_sh;
   } else {
-    it.s = (a.rank + 1 + i) % a.W;
+    it.s = rank_after(a, 1 + i);
     if (!src.ok[it.s]) {
       it.j = -1;  // timed out: leave its rows, the host raises PeerTimeoutError
       return;
@@ -80,12 +87,12 @@ __device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, 
   if constexpr (PUB == kPubOwn) *reinterpret_cast<V*>(slot_of(a, a.rank, pub.slot) + row_off + off) = v;
   if constexpr (PUB == kPubPeers) {
     const int64_t mine = (int64_t)a.rank * push_region(a, osize) + row_off + off;
-    for (int i = 1; i < a.W; ++i) *reinterpret_cast<V*>(slot_of(a, (a.rank + i) % a.W, pub.slot) + mine) = v;
+    for (int i = 1; i < a.W; ++i) *reinterpret_cast<V*>(slot_of(a, rank_after(a, i), pub.slot) + mine) = v;
   }
   if constexpr (PUB == kPubPeersLL) {  // 8 output bytes -> one 16-byte LL line (twice for a uint4)
     const int64_t mine = ll_region(a, pub.slot, a.rank, osize) + 2 * (row_off + off);
     for (int i = 1; i < a.W; ++i) {
-      uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[(a.rank + i) % a.W]) + mine);
+      uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[rank_after(a, i)]) + mine);
       peerdcp::st_volatile_v4(d, v.x, pub.f, v.y, pub.f);
       if constexpr (osize == 2) peerdcp::st_volatile_v4(d + 1, v.z, pub.f, v.w, pub.f);
     }
@@ -236,7 +243,7 @@ __device__ __forceinline__ void publish_early(const Params& a, const CosSin& cs,
 template <bool PUSH>
 __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* ok, int osize) {
   const int64_t row_bytes = (int64_t)(a.NOPE + a.ROPE) * osize;
-  const int vec = (int)(row_bytes / 16);
+  const int vec = a.fd_w16.d;  // row_bytes / 16
   const int per_src = (u1 - u0) * vec;
   const int n = (a.W - 1) * per_src;
   for (int base = threadIdx.x; base < n; base += kThreads * kUnroll) {
@@ -246,11 +253,13 @@ __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* 
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int idx = base + k * kThreads;
-      const int s = peer_of(a, idx, per_src);
-      valid[k] = idx < n && ok[s];
+      valid[k] = false;
+      if (idx >= n) continue;
+      int rem;
+      const int s = peer_of(a, idx, per_src, &rem);
+      valid[k] = ok[s];
       if (!valid[k]) continue;
-      const int rem = idx % per_src;
-      const int u = u0 + rem / vec, j = rem % vec, t = u / a.H, h = u % a.H;
+      const int du = a.fd_w16.div(rem), u = u0 + du, j = rem - du * vec, t = a.fd_h.div(u), h = u - t * a.H;
       const char* src = PUSH ? slot_of(a, a.rank, slot) + s * push_region(a, osize) : slot_of(a, s, slot);
       v[k] = ld_cg(reinterpret_cast<const uint4*>(src + ((int64_t)t * a.H + h) * row_bytes) + j);
       dst_off[k] = ((int64_t)t * a.HOUT + s * a.H + h) * row_bytes + 16 * (int64_t)j;
@@ -266,8 +275,8 @@ __device__ void copy_rows(const Params& a, int u0, int u1, int slot, const int* 
 // offset in the raw slot (nope region [max_tokens, H, NOPE], then pe region [max_tokens, H, ROPE]).
 __device__ __forceinline__ const uint4* raw_item(const Params& a, int u0, int idx, int64_t pe_region_bytes,
                                                  int64_t& dst_off) {
-  const int nv = a.NOPE / 8, ipu = nv + a.ROPE / 8;
-  const int u = u0 + idx / ipu, j = idx % ipu, t = u / a.H, h = u % a.H;
+  const int nv = a.NOPE / 8;
+  const int du = a.fd_ipu[0].div(idx), u = u0 + du, j = idx - du * a.fd_ipu[0].d, t = a.fd_h.div(u), h = u - t * a.H;
   const int64_t row = (int64_t)t * a.H + h;
   if (j < nv) {
     dst_off = row * a.NOPE * 2 + 16 * (int64_t)j;

@@ -20,6 +20,24 @@
 
 namespace peerdcp {
 
+// Division by a divisor fixed for the call (heads, items per row, ...), for dividends in [0, 2^31): the
+// round-up reciprocal method (Granlund & Montgomery; Hacker's Delight 10-9), q = (umulhi(x, m) + x) >> s with
+// s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1, exact for every such x. The host computes (m, s) once
+// per launch; a division by a runtime int is ~20 dependent instructions (I2F, MUFU.RCP, F2I, IMAD.HI, fix-ups)
+// on the kernels' address paths, this is two. tests/test_fastdiv.py checks the formula; the GPU
+// byte-identity tests of the Query and Output kernels run it.
+struct FastDiv {
+  uint32_t m, s;
+  int d;
+  __host__ static FastDiv make(int d) {  // d < 1: a divisor the call never divides by (no items); the identity
+    if (d < 1) d = 1;
+    uint32_t s = 0;
+    while ((1ull << s) < (uint64_t)d) ++s;
+    return {(uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - (uint64_t)d)) / (uint64_t)d + 1), s, d};
+  }
+  __device__ __forceinline__ int div(int x) const { return (int)((__umulhi((uint32_t)x, m) + (uint32_t)x) >> s); }
+};
+
 __device__ __forceinline__ void st_release_sys(int64_t* p, int64_t v) {
   asm volatile("st.release.sys.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }

@@ -49,7 +49,7 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 }
 
 // Bounded acquire poll until *flag >= target; true iff it got there in time and *flag / 8 == target / 8.
-__device__ __forceinline__ bool wait_chunk(const int64_t* flag, int64_t target, const OutputDirectParams& p, int peer) {
+__device__ __forceinline__ bool wait_chunk(const int64_t* flag, int64_t target, const OutputKernelParams& p, int peer) {
   int64_t v = peerdcp::ld_acquire_sys(flag);
   if (v < target) {
     const uint64_t t0 = peerdcp::global_timer_ns();
@@ -64,7 +64,7 @@ __device__ __forceinline__ bool wait_chunk(const int64_t* flag, int64_t target, 
 }
 
 template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __grid_constant__ OutputDirectParams p) {
+__global__ void __launch_bounds__(kBlock) output_direct_chunked_kernel(const __grid_constant__ OutputKernelParams p) {
   pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;

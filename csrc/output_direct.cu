@@ -87,7 +87,7 @@
 namespace {
 
 template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_constant__ OutputDirectParams p) {
+__global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_constant__ OutputKernelParams p) {
   constexpr bool kEarly = (kVar & kVarEarly) != 0;
   const int stages = (kVar & kVarStages) ? p.stages : 0;  // the default build has no stage checks
   if ((kVar & kVarStages) && (stages & kStageEmpty)) return;
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_kernel(const __grid_cons
 
 // Launch one instantiation: with PDL through cudaLaunchKernelEx (capturable: a programmatic graph edge).
 template <int kVar>
-cudaError_t launch_one(void (*kernel)(const OutputDirectParams), int grid, const OutputDirectParams& p,
+cudaError_t launch_one(void (*kernel)(const OutputKernelParams), int grid, const OutputKernelParams& p,
                        cudaStream_t stream) {
   if constexpr ((kVar & kVarPdl) == 0) {
     kernel<<<dim3(grid), dim3(kBlock), 0, stream>>>(p);
@@ -224,7 +224,7 @@ cudaError_t launch_one(void (*kernel)(const OutputDirectParams), int grid, const
 }
 
 template <typename scalar_t, int WMAX, int kVar>
-cudaError_t launch_var(const OutputDirectParams& p, cudaStream_t stream) {
+cudaError_t launch_var(const OutputKernelParams& p, cudaStream_t stream) {
   int grid = p.G;
   if (p.opts & kOptTightGrid) {  // only the CTAs that own a unit (see kOptTightGrid above)
     const int64_t n_units = int64_t(p.T) * ((p.H + p.heads_per_unit - 1) / p.heads_per_unit);
@@ -258,7 +258,7 @@ inline int kernel_var(const OutputDirectParams& p) {
 }
 
 template <typename scalar_t, int WMAX>
-cudaError_t launch_w(const OutputDirectParams& p, cudaStream_t stream) {
+cudaError_t launch_w(const OutputKernelParams& p, cudaStream_t stream) {
   switch (kernel_var(p)) {
     case 0: return launch_var<scalar_t, WMAX, 0>(p, stream);
     case kVarStages: return launch_var<scalar_t, WMAX, kVarStages>(p, stream);
@@ -269,7 +269,7 @@ cudaError_t launch_w(const OutputDirectParams& p, cudaStream_t stream) {
 }
 
 template <typename scalar_t>
-cudaError_t launch(const OutputDirectParams& p, cudaStream_t stream) {
+cudaError_t launch(const OutputKernelParams& p, cudaStream_t stream) {
   cudaError_t err;
   if (p.W <= 2) {
     err = launch_w<scalar_t, 2>(p, stream);
@@ -373,6 +373,7 @@ extern "C" int peerdcp_output_direct(const void* params, void* stream, int devic
   const cudaError_t dev_err = cudaSetDevice(device);
   if (dev_err != cudaSuccess) return static_cast<int>(dev_err);
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  const cudaError_t err = p->dtype == 0 ? launch<__nv_bfloat16>(*p, st) : launch<__half>(*p, st);
+  const OutputKernelParams q = derive_params(*p);  // the call's fixed divisors
+  const cudaError_t err = q.dtype == 0 ? launch<__nv_bfloat16>(q, st) : launch<__half>(q, st);
   return static_cast<int>(err);
 }

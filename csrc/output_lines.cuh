@@ -17,7 +17,7 @@ namespace {
 // Two slots suffice by the plain kernel's argument; LL and plain calls use separate regions, and the
 // argument holds per region (the last reader of a region slot finished before the writer's previous call).
 template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_constant__ OutputDirectParams p) {
+__global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_constant__ OutputKernelParams p) {
   constexpr bool kEarly = (kVar & kVarEarly) != 0;
   const int stages = (kVar & kVarStages) ? p.stages : 0;  // the default build has no stage checks
   if ((kVar & kVarStages) && (stages & kStageEmpty)) return;
@@ -182,7 +182,7 @@ struct Ll128Geo {
   int64_t rowW;               // 8-byte words per (slot, src, token) row
 };
 
-__device__ __forceinline__ Ll128Geo make_ll128_geo(const OutputDirectParams& p, int prog) {
+__device__ __forceinline__ Ll128Geo make_ll128_geo(const OutputKernelParams& p, int prog) {
   Ll128Geo g;
   g.PW = p.H * (p.D >> 2);
   g.NL = (g.PW + kLineData - 1) / kLineData;
@@ -197,7 +197,7 @@ __device__ __forceinline__ Ll128Geo make_ll128_geo(const OutputDirectParams& p, 
 // s = j + (j >= rank)) -> the combined word; sets m and S. Own term first, then the others (compile-time
 // indices only: a source-ordered sum would index the arrays with the runtime rank and spill them).
 template <typename scalar_t, int NO>
-__device__ __forceinline__ uint2 combine_word(const OutputDirectParams& p, float own_l, uint2 own_w,
+__device__ __forceinline__ uint2 combine_word(const OutputKernelParams& p, float own_l, uint2 own_w,
                                               const float (&l)[NO], const uint2 (&x)[NO], float& m_out,
                                               float& s_out) {
   using P8 = peerdcp::Pack8<scalar_t>;
@@ -234,7 +234,7 @@ __device__ __forceinline__ uint2 combine_word(const OutputDirectParams& p, float
 }
 
 template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __grid_constant__ OutputDirectParams p) {
+__global__ void __launch_bounds__(kBlock, 2) output_direct_ll128_kernel(const __grid_constant__ OutputKernelParams p) {
   pdl_enter<kVar>();
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;

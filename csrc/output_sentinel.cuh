@@ -80,8 +80,13 @@ struct SnPubRound {
   int d[U], vec[U];  // d < 0: nothing to store
 };
 
+// The index divisions of this kernel stay runtime divisions on purpose: through FastDiv (as in the LL kernel and
+// the shared helpers, output_common.cuh) the kernel measured the same at T = 16 but 15-20 % slower at T >= 64,
+// where the publishers are split from the combiners (Kimi T = 128 11.2 vs 9.6 us, T = 256 19.3 vs 16.3; A/B in
+// separate processes, bench/RESULTS.md session 13 call 6). Not understood yet; the split's optimum is sharp
+// (sn_run) and the change moves the publishers' instruction timing.
 template <int U>
-__device__ __forceinline__ void sn_pub_load(const OutputDirectParams& p, const SnGeo& g, int b0, int step,
+__device__ __forceinline__ void sn_pub_load(const OutputKernelParams& p, const SnGeo& g, int b0, int step,
                                             SnPubRound<U>& r) {
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
 #pragma unroll
@@ -101,7 +106,7 @@ __device__ __forceinline__ void sn_pub_load(const OutputDirectParams& p, const S
 }
 
 template <int U>
-__device__ __forceinline__ void sn_pub_store(const OutputDirectParams& p, const SnGeo& g, const SnPubRound<U>& r) {
+__device__ __forceinline__ void sn_pub_store(const OutputKernelParams& p, const SnGeo& g, const SnPubRound<U>& r) {
 #pragma unroll
   for (int k = 0; k < U; ++k) {
     if (r.d[k] >= 0) {
@@ -118,7 +123,7 @@ __device__ __forceinline__ void sn_pub_store(const OutputDirectParams& p, const 
 // sources only (remote j is source j + (j >= rank)): registers indexed by source would carry a dead entry for
 // the own rank, which at W = 2 doubles the state each load in flight holds.
 template <typename scalar_t, int WMAX>
-__device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const SnGeo& g, int b0, int step, int64_t e,
+__device__ __forceinline__ void sn_combine(const OutputKernelParams& p, const SnGeo& g, int b0, int step, int64_t e,
                                            int& dead) {
   constexpr int RMAX = WMAX - 1;
   const uint4* src = reinterpret_cast<const uint4*>(p.partial_out);
@@ -198,7 +203,7 @@ __device__ __forceinline__ void sn_combine(const OutputDirectParams& p, const Sn
 // One call of the sentinel kernel with U 16-byte loads in flight per publishing thread (the host picks U per call,
 // OutputDirectParams::sn_loads).
 template <typename scalar_t, int WMAX, int U>
-__device__ __forceinline__ void sn_run(const OutputDirectParams& p, int64_t* s_epoch, int* s_pub) {
+__device__ __forceinline__ void sn_run(const OutputKernelParams& p, int64_t* s_epoch, int* s_pub) {
   const int prog = blockIdx.x;
   const int tid = threadIdx.x;
   const int G = p.G;
@@ -283,7 +288,7 @@ __device__ __forceinline__ void sn_run(const OutputDirectParams& p, int64_t* s_e
 }
 
 template <typename scalar_t, int WMAX, int kVar>
-__global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputDirectParams p) {
+__global__ void __launch_bounds__(kBlock, 2) output_direct_sentinel_kernel(const __grid_constant__ OutputKernelParams p) {
   pdl_enter<kVar>();
   __shared__ int64_t s_epoch;
   __shared__ int s_pub;

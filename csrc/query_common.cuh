@@ -34,24 +34,7 @@ struct Peers {
   uint64_t base[kMaxW];
 };
 
-// Division by a divisor fixed for the call (heads, items per row, ...), for dividends in [0, 2^31): the
-// round-up reciprocal method (Granlund & Montgomery; Hacker's Delight 10-9), q = (umulhi(x, m) + x) >> s with
-// s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1, exact for every such x. The host computes (m, s) once
-// per launch; a division by a runtime int is ~20 dependent instructions (I2F, MUFU.RCP, F2I, IMAD.HI, fix-ups)
-// on the publish's and the consumer's address paths, this is two. tests/test_query_fastdiv.py checks the
-// formula; every GPU byte-identity test runs it.
-struct FastDiv {
-  uint32_t m, s;
-  int d;
-  __host__ static FastDiv make(int d) {  // d < 1: a divisor the call never divides by (no items); the identity
-    if (d < 1) d = 1;
-    uint32_t s = 0;
-    while ((1ull << s) < (uint64_t)d) ++s;
-    return {(uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - (uint64_t)d)) / (uint64_t)d + 1), s, d};
-  }
-  __device__ __forceinline__ int div(int x) const { return (int)((__umulhi((uint32_t)x, m) + (uint32_t)x) >> s); }
-  __device__ __forceinline__ int mod(int x) const { return x - div(x) * d; }
-};
+using peerdcp::FastDiv;  // index division by the call's fixed divisors (common.cuh)
 
 struct Params {
   const uint16_t* q_nope;  // bf16 [T, H, NOPE], strides s_nt, s_nh (elements)

@@ -1,10 +1,10 @@
-"""The Query kernels' division by a per-call divisor (``FastDiv`` in ``csrc/query_common.cuh``), on the host.
+"""The CUDA kernels' division by a per-call divisor (``peerdcp::FastDiv`` in ``csrc/common.cuh``), on the host.
 
-The kernels divide item indices by the heads, rope dims, items per unit and words per row with a multiply-high,
-an add and a shift instead of a hardware-less integer division. This checks the same formula, in exact integer
-arithmetic, against ``//`` for every divisor the kernels can meet and for dividends at and around every multiple
-of the divisor near both ends of the range [0, 2^31) plus random ones (the GPU byte-identity tests run the
-kernels themselves).
+The Query and Output kernels divide item indices by the call's heads, items per unit, words per row and the like
+with a multiply-high, an add and a shift instead of a hardware-less integer division. This checks the same formula,
+in exact integer arithmetic, against ``//`` for every divisor the kernels can meet and for dividends at and around
+every multiple of the divisor near both ends of the range [0, 2^31) plus random ones (the GPU byte-identity tests
+run the kernels themselves).
 """
 
 import random

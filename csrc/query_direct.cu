@@ -48,7 +48,7 @@
 //
 // Integer arithmetic on the latency path: a call at small T is a chain of dependent instructions more than of
 // memory latencies, and a division by a runtime int is ~20 of them. Every index division by a per-call divisor
-// (heads, rope dims, items per unit, words per row) goes through FastDiv (query_common.cuh; the host computes
+// (heads, rope dims, items per unit, words per row) goes through FastDiv (common.cuh; the host computes
 // the multipliers in the C entry), the source rank of a consumer item is found by subtraction (peer_of), and
 // units per block come from the host (Params.upp). Measured: 0.3 us per call at every T (session 13).
 //

@@ -111,15 +111,14 @@ __device__ __forceinline__ int64_t* flags_of(const Params& a, int r) {
 __device__ __forceinline__ char* slot_of(const Params& a, int r, int slot) {
   return reinterpret_cast<char*>(a.peers.base[r]) + a.data_off + (int64_t)slot * a.slot_bytes;
 }
-// Source rank of item idx of a consumer pass over every peer's items (per_src each, the peers after this rank
-// in turn).
 // Rank i places after this one (0 <= i < 2W).
 __device__ __forceinline__ int rank_after(const Params& a, int i) {
   const int r = a.rank + i;
   return r >= a.W ? r - a.W : r;
 }
-// Source of consumer item idx (< (W - 1) * per_src) and, in *rem, its index within that source's items
-// (subtractions: at most W - 2 of them, against a division by a per-block count).
+// Source rank of item idx (< (W - 1) * per_src) of a consumer pass over every peer's items (per_src each, the
+// peers after this rank in turn) and, in *rem, its index within that source's items (subtractions: at most W - 2
+// of them, against a division by a per-block count).
 __device__ __forceinline__ int peer_of(const Params& a, int idx, int per_src, int* rem) {
   int i = 1;
   while (idx >= per_src) {

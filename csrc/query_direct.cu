@@ -323,6 +323,14 @@ extern "C" int peerdcp_query_sn_blocks_per_sm(int neox, int fp8, int* blocks) {
   return (int)err;
 }
 
+// FastDiv::make's multiplier and shift for divisor d (host code; tests/test_fastdiv.py checks them against the
+// verified formula, so a change to make() that breaks it fails on any machine with nvcc, GPU or not).
+extern "C" void peerdcp_fastdiv_make(int d, uint32_t* m, uint32_t* s) {
+  const FastDiv f = FastDiv::make(d);
+  *m = f.m;
+  *s = f.s;
+}
+
 extern "C" int peerdcp_query_wait_acks(const uint64_t* peer_addrs, int64_t* last_z, void* err, int64_t timeout_ns,
                                        int rank, int W, int nprog, int mech, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || nprog < 1) return (int)cudaErrorInvalidValue;

@@ -4,12 +4,17 @@ The Query and Output kernels divide item indices by the call's heads, items per 
 with a multiply-high, an add and a shift instead of a hardware-less integer division. This checks the same formula,
 in exact integer arithmetic, against ``//`` for every divisor the kernels can meet and for dividends at and around
 every multiple of the divisor near both ends of the range [0, 2^31) plus random ones (the GPU byte-identity tests
-run the kernels themselves).
+run the kernels themselves). With nvcc present, the C++ ``FastDiv::make`` itself (through the Query library's
+``peerdcp_fastdiv_make``) must produce the same multiplier and shift as the formula checked here.
 """
 
+import ctypes
 import random
+import shutil
 
 import pytest
+
+from peerdcp.jit import nvcc_path
 
 
 def _make(d: int) -> tuple[int, int]:
@@ -49,3 +54,16 @@ def test_fastdiv_divisor_below_one_is_the_identity() -> None:
     # the host maps an unused divisor (< 1: no items to divide) to 1
     m, s = _make(0)
     assert all(_div(x, m, s) == x for x in (0, 1, 77, (1 << 31) - 1))
+
+
+@pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja to build")
+def test_host_make_produces_the_checked_multipliers() -> None:
+    from peerdcp.query import ops
+
+    fn = ops.load().peerdcp_fastdiv_make
+    fn.restype = None
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
+    m, s = ctypes.c_uint32(), ctypes.c_uint32()
+    for d in (-5, 0, *DIVISORS):
+        fn(d, ctypes.byref(m), ctypes.byref(s))
+        assert (m.value, s.value) == _make(d), d

@@ -259,7 +259,9 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # faster or equal everywhere (session 8 call 7, us replicated / owner-sharded, default -> 2): 46.8 / 27.4 -> 46.0 /
 # 25.2 at 32 x 32K, 89.5 / 48.2 -> 87.8 / 44.0 at 64 x 32K, 46.7 / 27.2 -> 46.1 / 25.1 at 8 x 128K, 707 / 344 ->
 # 642 / 329 at 128 x 128K; 1 row (one page per program, no loop): unchanged.
-TUNING = {"scan_group": 1, "scan_npage": 0, "scan_stages": 2}
+# "scan_npages" / "scan_min_programs_per_sm": the policy's candidate pages per program (times the group) and the
+# programs per SM the largest chosen candidate must still leave (see _scan_npage).
+TUNING = {"scan_group": 1, "scan_npage": 0, "scan_stages": 2, "scan_npages": (1, 4, 16), "scan_min_programs_per_sm": 8}
 
 
 @functools.cache
@@ -268,12 +270,13 @@ def _num_sms(index: int) -> int:
 
 
 def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
-    """Pages per program: the largest of ``group`` x 1, 4, 16 that leaves at least 8 programs per SM (more
-    pages per program load the query tile fewer times; fewer programs than that leave SMs idle)."""
-    npage = group
-    while npage < 16 * group and T * -(-pages // (npage * 4)) >= 8 * sms:
-        npage *= 4
-    return npage
+    """Pages per program: the largest of ``group`` x ``TUNING["scan_npages"]`` that leaves at least
+    ``TUNING["scan_min_programs_per_sm"]`` programs per SM over the ``T`` rows of ``pages`` pages (more pages per
+    program load the query tile fewer times; fewer programs than that leave SMs idle); the smallest candidate
+    when none does."""
+    cands = sorted(int(n) * group for n in TUNING["scan_npages"])
+    need = float(TUNING["scan_min_programs_per_sm"]) * sms
+    return max((n for n in cands if T * -(-pages // n) >= need), default=cands[0])
 
 
 def indexer_logits(

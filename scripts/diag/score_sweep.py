@@ -1,6 +1,7 @@
 """Where the indexer scoring kernel's time goes (GPU machine, W = 2): variants of ``_logits_kernel`` side by side.
 
     python3 scripts/diag/score_sweep.py OUT_DIR [--rows 1 8 32] [--contexts 32768 131072]
+        [--configs G:N:S ...] [--rounds R] [--heads H]
 
 Variants (DeepSeek-V3.2 indexer, 64 heads x 128; ``same``: every score within 2^-9 of the row's largest
 magnitude of the library default's, -inf at the same places): ``lib`` - ``indexer_logits`` as configured;
@@ -13,6 +14,12 @@ Session 8: call 1 compared the table load masked by the row length against one m
 (adopted); call 4 compared ``q x keys^T`` (then the library's) against ``keys x q^T`` with 1, 2 and 4 pages per
 dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program of the new kernel.
 
+``--configs`` replaces the built-in list (``G:N:S``; N or S 0 = the library's choice); ``--policies M:N1,N2,..``
+adds the library's policy with other candidates (pages per program) and minimum programs per SM; ``--rounds R`` times
+every variant R times, round-robin over the variants (so a drift of the machine spreads over all of them), and
+reports the mean with ``spread`` = (max - min) / mean over the rounds of both layouts. Session 14 swept the
+pages per program 1-32 with 2 stages at 8-128 rows (the policy ``_scan_npage``).
+
 Prints one table: µs per call (CUDA graph, 20 calls per replay, slowest rank, median), replicated (``rep``) and
 owner-sharded (``sh``) caches, and the ratio sh / rep. A diagnosis tool, not a claim (bench/topk makes the claims).
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from unittest import mock
@@ -47,6 +55,11 @@ def _same(ref: torch.Tensor, got: torch.Tensor) -> bool:
     return bool(((ref[fin] - got[fin]).abs() <= scale * 2.0**-9).all())
 
 
+def _local_max(c, tabs, ctx: int, lay: str, W: int) -> int:
+    """The scored width of a case: the table's pages, cut to the (local) context."""
+    return min(tabs[0].shape[1] * c.page_size, ctx if lay == "replicated" else -(-ctx // W))
+
+
 def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
@@ -57,42 +70,60 @@ def rank_main(cfg: dict) -> list[dict]:
     W = dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
     warm_gpu(0.3)
-    H = 64
+    H = cfg["heads"]
     rows_out = []
     flag = torch.zeros(1, device=dev)
     us = slowest_rank(time_op(lambda i: empty_kernel[(1,)](flag), calls=20, iters=cfg["iters"])).median
-    rows_out.append({"ctx": 0, "rows": 0, "variant": "empty", "rep": us, "sh": us, "ratio": 1.0, "same": True})
+    rows_out.append(
+        {"ctx": 0, "rows": 0, "variant": "empty", "rep": us, "sh": us, "ratio": 1.0, "same": True, "spread": 0.0}
+    )
     for ctx in cfg["contexts"]:
         for T in cfg["rows"]:
             gen = torch.Generator(device=dev).manual_seed(ctx + T)
             caches, q, w, lens, nsets = indexer_case(ctx, T, H, W, gen, dev)
 
-            def cfg_fn(group, npage, stages):
+            def cfg_fn(group, npage, stages, **policy):
                 def fn(q, w, c, tab, L):
-                    tune = {"scan_group": group, "scan_npage": npage, "scan_stages": stages}
+                    tune = {"scan_group": group, "scan_npage": npage, "scan_stages": stages, **policy}
                     with mock.patch.dict(cache_mod.TUNING, tune):
                         return indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)
 
                 return fn
 
             variants = {"lib": lambda q, w, c, tab, L: indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)}
-            for g, n, st in CONFIGS:
+            for g, n, st in cfg["configs"]:
                 variants[f"g{g}n{n or 'P'}" + (f"s{st}" if st else "")] = cfg_fn(g, n, st)
+            for m, npages in cfg["policies"]:  # the library's group and stages, the policy's npage
+                tune = {"scan_min_programs_per_sm": m, "scan_npages": npages}
+                variants[f"p{m}:{','.join(map(str, npages))}"] = cfg_fn(
+                    cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], **tune
+                )
+            rows = {
+                name: {"ctx": ctx, "rows": T, "variant": name, "same": True, "rep": [], "sh": []} for name in variants
+            }
             for name, fn in variants.items():
-                row = {"ctx": ctx, "rows": T, "variant": name, "same": True}
-                for lay, key in (("replicated", "rep"), ("owner_sharded", "sh")):
+                for lay in ("replicated", "owner_sharded"):
                     c, tabs, _ = caches[lay]
-                    Lmax = tabs[0].shape[1] * c.page_size
-                    Lq = min(Lmax, ctx if lay == "replicated" else -(-ctx // W))
+                    Lq = _local_max(c, tabs, ctx, lay, W)
                     for j in range(nsets):
                         ref = variants["lib"](q[j], w[j], c, tabs[j], Lq)
                         got = fn(q[j], w[j], c, tabs[j], Lq)
-                        row["same"] &= _same(ref[:, :Lq], got[:, :Lq])
-                    row[key] = slowest_rank(
-                        time_op(lambda i, c=c, tabs=tabs, Lq=Lq: fn(q[i % nsets], w[i % nsets], c, tabs[i % nsets], Lq),
-                                calls=20, iters=cfg["iters"])
-                    ).median  # fmt: skip
-                row["ratio"] = row["sh"] / row["rep"]
+                        rows[name]["same"] &= _same(ref[:, :Lq], got[:, :Lq])
+            for _ in range(cfg["rounds"]):
+                for name, fn in variants.items():
+                    for lay, key in (("replicated", "rep"), ("owner_sharded", "sh")):
+                        c, tabs, _ = caches[lay]
+                        Lq = _local_max(c, tabs, ctx, lay, W)
+
+                        def step(i, fn=fn, c=c, tabs=tabs, Lq=Lq):
+                            return fn(q[i % nsets], w[i % nsets], c, tabs[i % nsets], Lq)
+
+                        rows[name][key].append(slowest_rank(time_op(step, calls=20, iters=cfg["iters"])).median)
+            for row in rows.values():
+                spread = max((max(v) - min(v)) / statistics.mean(v) for v in (row["rep"], row["sh"]))
+                row["rep_rounds"], row["sh_rounds"] = row["rep"], row["sh"]
+                row["rep"], row["sh"] = statistics.mean(row["rep"]), statistics.mean(row["sh"])
+                row["ratio"], row["spread"] = row["sh"] / row["rep"], spread
                 rows_out.append(row)
             for c, _, _ in caches.values():
                 c.close()
@@ -106,13 +137,21 @@ def main() -> int:
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--contexts", nargs="+", type=int, default=[32768, 131072])
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--configs", nargs="+", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
+    ap.add_argument("--policies", nargs="+", default=[], help="M:N1,N2,... (min programs per SM: candidates)")
     a = ap.parse_args()
-    res = run_ranks("scripts.diag.score_sweep:rank_main", 2, {"rows": a.rows, "contexts": a.contexts, "iters": a.iters})
+    configs = [tuple(int(x) for x in c.split(":")) for c in a.configs] if a.configs else CONFIGS
+    policies = [(float(m), tuple(int(x) for x in n.split(","))) for m, n in (p.split(":") for p in a.policies)]
+    cfg = {"rows": a.rows, "contexts": a.contexts, "iters": a.iters, "rounds": a.rounds, "heads": a.heads,
+           "configs": configs, "policies": policies}  # fmt: skip
+    res = run_ranks("scripts.diag.score_sweep:rank_main", 2, cfg)
     rows = res[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "score_sweep.json").write_text(json.dumps(rows, indent=1))
-    print(format_table(rows, ["ctx", "rows", "variant", "same", "rep", "sh", "ratio"]))
+    print(format_table(rows, ["ctx", "rows", "variant", "same", "rep", "sh", "ratio", "spread"]))
     return 0
 
 

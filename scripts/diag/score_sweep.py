@@ -125,6 +125,9 @@ def rank_main(cfg: dict) -> list[dict]:
                 row["rep"], row["sh"] = statistics.mean(row["rep"]), statistics.mean(row["sh"])
                 row["ratio"], row["spread"] = row["sh"] / row["rep"], spread
                 rows_out.append(row)
+                if dist.get_rank() == 0:  # progress: a stage cut short by its time limit keeps what it measured
+                    print(f"{ctx} x {T} {row['variant']}: rep {row['rep']:.2f} sh {row['sh']:.2f} "
+                          f"ratio {row['ratio']:.3f} spread {spread:.3f} same {row['same']}", flush=True)  # fmt: skip
             for c, _, _ in caches.values():
                 c.close()
             torch.cuda.empty_cache()

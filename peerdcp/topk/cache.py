@@ -261,7 +261,17 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # 642 / 329 at 128 x 128K; 1 row (one page per program, no loop): unchanged.
 # "scan_npages" / "scan_min_programs_per_sm": the policy's candidate pages per program (times the group) and the
 # programs per SM the largest chosen candidate must still leave (see _scan_npage).
-TUNING = {"scan_group": 1, "scan_npage": 0, "scan_stages": 2, "scan_npages": (1, 4, 16), "scan_min_programs_per_sm": 8}
+# "scan_prefetch": how the kernel's loop runs ahead of its dot (0, 1, 2: see _logits_kernel); "scan_maxnreg": a register
+# cap for the kernel (0: none; fewer registers, more programs resident per SM).
+TUNING = {
+    "scan_group": 1,
+    "scan_npage": 0,
+    "scan_stages": 2,
+    "scan_npages": (1, 4, 16),
+    "scan_min_programs_per_sm": 8,
+    "scan_prefetch": 0,
+    "scan_maxnreg": 0,
+}
 
 
 @functools.cache
@@ -361,6 +371,8 @@ def indexer_logits(
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
     stages = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
+    if dev.type == "cuda" and TUNING["scan_maxnreg"]:
+        stages["maxnreg"] = int(TUNING["scan_maxnreg"])
     table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
     grid = (T, triton.cdiv(pages, npage))
     # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
@@ -396,6 +408,7 @@ def indexer_logits(
             HAS_TABLE=block_table is not None,
             SHARDED=cache.sharded,
             DOT=dot,
+            PREFETCH=int(TUNING["scan_prefetch"]),
             num_warps=4,
             **stages,
         )

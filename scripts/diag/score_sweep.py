@@ -14,7 +14,8 @@ Session 8: call 1 compared the table load masked by the row length against one m
 (adopted); call 4 compared ``q x keys^T`` (then the library's) against ``keys x q^T`` with 1, 2 and 4 pages per
 dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program of the new kernel.
 
-``--configs`` replaces the built-in list (``G:N:S``; N or S 0 = the library's choice); ``--policies M:N1,N2,..``
+``--configs`` replaces the built-in list (``G:N:S[:P[:R]]``; N or S 0 = the library's choice, P the loop's
+prefetch mode, R a register cap); ``--policies M:N1,N2,..``
 adds the library's policy with other candidates (pages per program) and minimum programs per SM; ``--rounds R`` times
 every variant R times, round-robin over the variants (so a drift of the machine spreads over all of them), and
 reports the mean with ``spread`` = (max - min) / mean over the rounds of both layouts. Session 14 swept the
@@ -91,8 +92,12 @@ def rank_main(cfg: dict) -> list[dict]:
                 return fn
 
             variants = {"lib": lambda q, w, c, tab, L: indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)}
-            for g, n, st in cfg["configs"]:
-                variants[f"g{g}n{n or 'P'}" + (f"s{st}" if st else "")] = cfg_fn(g, n, st)
+            for g, n, st, *more in cfg["configs"]:
+                pf, mr = (list(more) + [0, 0])[:2]
+                name = (
+                    f"g{g}n{n or 'P'}" + (f"s{st}" if st else "") + (f"p{pf}" if pf else "") + (f"r{mr}" if mr else "")
+                )
+                variants[name] = cfg_fn(g, n, st, scan_prefetch=pf, scan_maxnreg=mr)
             for m, npages in cfg["policies"]:  # the library's group and stages, the policy's npage
                 tune = {"scan_min_programs_per_sm": m, "scan_npages": npages}
                 variants[f"p{m}:{','.join(map(str, npages))}"] = cfg_fn(

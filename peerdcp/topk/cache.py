@@ -261,16 +261,13 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # 642 / 329 at 128 x 128K; 1 row (one page per program, no loop): unchanged.
 # "scan_npages" / "scan_min_programs_per_sm": the policy's candidate pages per program (times the group) and the
 # programs per SM the largest chosen candidate must still leave (see _scan_npage).
-# "scan_prefetch": how the kernel's loop runs ahead of its dot (0, 1, 2: see _logits_kernel); "scan_maxnreg": a register
-# cap for the kernel (0: none; fewer registers, more programs resident per SM).
 TUNING = {
     "scan_group": 1,
     "scan_npage": 0,
     "scan_stages": 2,
     "scan_npages": (1, 4, 16),
     "scan_min_programs_per_sm": 8,
-    "scan_prefetch": 0,
-    "scan_maxnreg": 0,
+    "scan_min_programs_per_sm_small": 8,
 }
 
 
@@ -280,13 +277,26 @@ def _num_sms(index: int) -> int:
 
 
 def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
-    """Pages per program: the largest of ``group`` x ``TUNING["scan_npages"]`` that leaves at least
-    ``TUNING["scan_min_programs_per_sm"]`` programs per SM over the ``T`` rows of ``pages`` pages (more pages per
-    program load the query tile fewer times; fewer programs than that leave SMs idle); the smallest candidate
-    when none does."""
+    """Pages per program for ``T`` rows of ``pages`` pages each, from ``group`` x ``TUNING["scan_npages"]``.
+
+    The largest multi-page candidate that leaves at least ``TUNING["scan_min_programs_per_sm"]`` programs per SM
+    (more pages per program load the query tile fewer times; fewer programs leave SMs idle at the end); if
+    none does, the smallest multi-page candidate if it leaves ``TUNING["scan_min_programs_per_sm_small"]`` per
+    SM (a multi-page program's loop overlaps the next page's load with this page's dot; a one-page program
+    has no loop); else the smallest candidate (latency-bound calls: as many programs as there are pages).
+    """
     cands = sorted(int(n) * group for n in TUNING["scan_npages"])
-    need = float(TUNING["scan_min_programs_per_sm"]) * sms
-    return max((n for n in cands if T * -(-pages // n) >= need), default=cands[0])
+    multi = [n for n in cands if n > cands[0]]
+
+    def programs(n: int) -> int:
+        return T * -(-pages // n)
+
+    for n in reversed(multi):
+        if programs(n) >= float(TUNING["scan_min_programs_per_sm"]) * sms:
+            return n
+    if multi and programs(multi[0]) >= float(TUNING["scan_min_programs_per_sm_small"]) * sms:
+        return multi[0]
+    return cands[0]
 
 
 def indexer_logits(
@@ -371,8 +381,6 @@ def indexer_logits(
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
     stages = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
-    if dev.type == "cuda" and TUNING["scan_maxnreg"]:
-        stages["maxnreg"] = int(TUNING["scan_maxnreg"])
     table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
     grid = (T, triton.cdiv(pages, npage))
     # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
@@ -408,7 +416,6 @@ def indexer_logits(
             HAS_TABLE=block_table is not None,
             SHARDED=cache.sharded,
             DOT=dot,
-            PREFETCH=int(TUNING["scan_prefetch"]),
             num_warps=4,
             **stages,
         )

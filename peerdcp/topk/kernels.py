@@ -93,39 +93,6 @@ def _write_kernel(
 
 # ------------------------------------------------------------------------------------------- scoring
 @triton.jit
-def _page_step(table, t, table_stride, table_cols, jb, i, n, NPAGE: tl.constexpr, GROUP: tl.constexpr,
-               PAGE: tl.constexpr, HAS_TABLE: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
-    """Step ``i`` of program ``(t, jb)``: ``(j, page, inb)`` per token of the step (``[GROUP * PAGE]``) - its
-    logical page j, physical page and whether j is inside the table. ``AHEAD``: i may be past the program's
-    last step (a prefetch), which then loads nothing."""
-    j = (jb * NPAGE + i * GROUP + n // PAGE).to(tl.int64)
-    if HAS_TABLE:
-        inb = j < table_cols
-    else:
-        inb = j >= 0
-    if AHEAD:
-        inb = inb & (i * GROUP < NPAGE)
-    if HAS_TABLE:
-        page = tl.load(table + t * table_stride + j, mask=inb, other=0).to(tl.int64)
-    else:
-        page = j
-    return j, page, inb
-
-
-@triton.jit
-def _key_step(kv8, kv32, j, page, inb, npg_row, num_pages, n, d, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-              D: tl.constexpr):  # fmt: skip
-    """FP8 keys ``[GROUP * PAGE, D]`` and fp32 scales of a step's tokens (zero for tokens not live)."""
-    live = (j < npg_row) & inb
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1)  # a bad table reads wrong pages, never out of bounds
-    base = page * PAGE_BYTES
-    row = n % PAGE
-    kt = tl.load(kv8 + base[:, None] + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    ks = tl.load(kv32 + (base + PAGE * D) // 4 + row, mask=live, other=0.0)
-    return kt, ks
-
-
-@triton.jit
 def _logits_kernel(
     q8,
     q_stride,
@@ -154,7 +121,6 @@ def _logits_kernel(
     HAS_TABLE: tl.constexpr,
     SHARDED: tl.constexpr,
     DOT: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """Program (t, jb): local pages ``jb*NPAGE .. jb*NPAGE+NPAGE-1`` of row t, GROUP pages per dot;
     ``out [T, Lmax]`` fp32.
@@ -167,11 +133,6 @@ def _logits_kernel(
     score -inf (a row longer than its table reads no page it was not given). The table entries are loaded
     masked by the table's width, not by the row's length, so they do not wait for ``seq_lens``: two dependent
     loads before the dot (length | table entries, then keys), not three.
-
-    ``PREFETCH`` (diagnosis, session 14): Triton's 2-stage pipeline issues step i+1's keys (cp.async) in step
-    i, right after loading step i+1's table entry - so the warp waits for that load before it goes on. 1: the
-    loop carries the table entries two steps ahead and the next step's keys in registers (no cp.async); 2: it
-    carries only the table entries two steps ahead and leaves the keys to Triton's pipeline.
 
     ``DOT``: 0 = FP8 x FP8 tensor-core dot (GPU), 1 = fp16 operands (GPU fallback; fp16 holds every e4m3
     value exactly), 2 = fp64 (interpreter: the 128-term FP8 dot is exact in fp64, so the result does not
@@ -195,43 +156,32 @@ def _logits_kernel(
         q = q.to(tl.float32).to(tl.float64)  # (the interpreter cannot cast fp8 -> fp64 directly)
     qt = tl.trans(q)  # [D, BLOCK_H]
     npg_row = (nloc + PAGE - 1) // PAGE
-    if PREFETCH != 0:
-        j, page, inb = _page_step(table, t, table_stride, table_cols, jb, 0, n, NPAGE, GROUP, PAGE, HAS_TABLE, True)
-        j1, page1, inb1 = _page_step(table, t, table_stride, table_cols, jb, 1, n, NPAGE, GROUP, PAGE, HAS_TABLE, True)
-    if PREFETCH == 1:
-        kt, ks = _key_step(kv8, kv32, j, page, inb, npg_row, num_pages, n, d, PAGE, PAGE_BYTES, D)
     # A constexpr trip count with masked loads (no memory traffic for pages past the row's end) keeps
     # the loop pipelinable on GPU and runs in the interpreter.
     for i in range(NPAGE // GROUP):
-        if PREFETCH != 0:
-            j2, page2, inb2 = _page_step(table, t, table_stride, table_cols, jb, i + 2, n, NPAGE, GROUP, PAGE,
-                                         HAS_TABLE, True)  # fmt: skip
-        if PREFETCH == 1:
-            kt1, ks1 = _key_step(kv8, kv32, j1, page1, inb1, npg_row, num_pages, n, d, PAGE, PAGE_BYTES, D)
-        elif PREFETCH == 2:
-            kt, ks = _key_step(kv8, kv32, j, page, inb, npg_row, num_pages, n, d, PAGE, PAGE_BYTES, D)
+        j = (jb * NPAGE + i * GROUP + n // PAGE).to(tl.int64)  # [GROUP * PAGE] page of each token
+        if HAS_TABLE:
+            inb = j < table_cols
+            page = tl.load(table + t * table_stride + j, mask=inb, other=0).to(tl.int64)
         else:
-            j, page, inb = _page_step(
-                table, t, table_stride, table_cols, jb, i, n, NPAGE, GROUP, PAGE, HAS_TABLE, False
-            )
-            kt, ks = _key_step(kv8, kv32, j, page, inb, npg_row, num_pages, n, d, PAGE, PAGE_BYTES, D)
-        a = kt  # (a new name: kt may be loop-carried in fp8)
+            inb = j >= 0
+            page = j
+        live = (j < npg_row) & inb
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)  # a bad table reads wrong pages, never out of bounds
+        base = page * PAGE_BYTES
+        row = n % PAGE
+        kt = tl.load(kv8 + base[:, None] + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        ks = tl.load(kv32 + (base + PAGE * D) // 4 + row, mask=live, other=0.0)
         if DOT == 1:
-            a = kt.to(tl.float16)
+            kt = kt.to(tl.float16)
         if DOT == 2:
             s = tl.dot(kt.to(tl.float32).to(tl.float64), qt, out_dtype=tl.float64).to(tl.float32)
         else:
-            s = tl.dot(a, qt, out_dtype=tl.float32)  # [GROUP * PAGE, BLOCK_H]
+            s = tl.dot(kt, qt, out_dtype=tl.float32)  # [GROUP * PAGE, BLOCK_H]
         r = tl.sum(tl.maximum(s, 0.0) * wv[None, :], axis=1) * ks
-        l = j * PAGE + n % PAGE
+        l = j * PAGE + row
         r = tl.where((l < nloc) & inb, r, float("-inf"))
         tl.store(out + t * out_stride + l, r, mask=l < Lmax)
-        if PREFETCH == 1:
-            j, inb, kt, ks = j1, inb1, kt1, ks1
-            j1, page1, inb1 = j2, page2, inb2
-        if PREFETCH == 2:
-            j, page, inb = j1, page1, inb1
-            j1, page1, inb1 = j2, page2, inb2
 
 
 # ------------------------------------------------------------------------------------- candidate keys

@@ -14,12 +14,13 @@ Session 8: call 1 compared the table load masked by the row length against one m
 (adopted); call 4 compared ``q x keys^T`` (then the library's) against ``keys x q^T`` with 1, 2 and 4 pages per
 dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program of the new kernel.
 
-``--configs`` replaces the built-in list (``G:N:S[:P[:R]]``; N or S 0 = the library's choice, P the loop's
-prefetch mode, R a register cap); ``--policies M:N1,N2,..``
-adds the library's policy with other candidates (pages per program) and minimum programs per SM; ``--rounds R`` times
+``--configs`` replaces the built-in list (``G:N:S``; N or S 0 = the library's choice); ``--policies M/m:N1,N2,..``
+adds the library's policy (``peerdcp.topk.cache._scan_npage``) with other candidates (pages per program) and
+programs-per-SM floors; ``--rounds R`` times
 every variant R times, round-robin over the variants (so a drift of the machine spreads over all of them), and
 reports the mean with ``spread`` = (max - min) / mean over the rounds of both layouts. Session 14 swept the
-pages per program 1-32 with 2 stages at 8-128 rows (the policy ``_scan_npage``).
+pages per program 1-16 at 1-128 rows (the policy ``_scan_npage``), 3 stages, and two loops that run ahead of
+the dot (``bench/results/2026-11-30/s14/call2/scan_prefetch_modes.patch``; slower, not kept).
 
 Prints one table: µs per call (CUDA graph, 20 calls per replay, slowest rank, median), replicated (``rep``) and
 owner-sharded (``sh``) caches, and the ratio sh / rep. A diagnosis tool, not a claim (bench/topk makes the claims).
@@ -92,15 +93,11 @@ def rank_main(cfg: dict) -> list[dict]:
                 return fn
 
             variants = {"lib": lambda q, w, c, tab, L: indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)}
-            for g, n, st, *more in cfg["configs"]:
-                pf, mr = (list(more) + [0, 0])[:2]
-                name = (
-                    f"g{g}n{n or 'P'}" + (f"s{st}" if st else "") + (f"p{pf}" if pf else "") + (f"r{mr}" if mr else "")
-                )
-                variants[name] = cfg_fn(g, n, st, scan_prefetch=pf, scan_maxnreg=mr)
-            for m, npages in cfg["policies"]:  # the library's group and stages, the policy's npage
-                tune = {"scan_min_programs_per_sm": m, "scan_npages": npages}
-                variants[f"p{m}:{','.join(map(str, npages))}"] = cfg_fn(
+            for g, n, st in cfg["configs"]:
+                variants[f"g{g}n{n or 'P'}" + (f"s{st}" if st else "")] = cfg_fn(g, n, st)
+            for m, m_small, npages in cfg["policies"]:  # the library's group and stages, the policy's npage
+                tune = {"scan_min_programs_per_sm": m, "scan_min_programs_per_sm_small": m_small, "scan_npages": npages}
+                variants[f"p{m:g}/{m_small:g}:{','.join(map(str, npages))}"] = cfg_fn(
                     cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], **tune
                 )
             rows = {
@@ -148,10 +145,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--configs", nargs="+", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
-    ap.add_argument("--policies", nargs="+", default=[], help="M:N1,N2,... (min programs per SM: candidates)")
+    ap.add_argument("--policies", nargs="+", default=[], help="M/m:N1,N2,... (programs per SM: candidates)")
     a = ap.parse_args()
     configs = [tuple(int(x) for x in c.split(":")) for c in a.configs] if a.configs else CONFIGS
-    policies = [(float(m), tuple(int(x) for x in n.split(","))) for m, n in (p.split(":") for p in a.policies)]
+    policies = []
+    for spec in a.policies:  # "M/m:N1,N2,..."
+        ms, ns = spec.split(":")
+        m, m_small = (float(x) for x in ms.split("/"))
+        policies.append((m, m_small, tuple(int(x) for x in ns.split(","))))
     cfg = {"rows": a.rows, "contexts": a.contexts, "iters": a.iters, "rounds": a.rounds, "heads": a.heads,
            "configs": configs, "policies": policies}  # fmt: skip
     res = run_ranks("scripts.diag.score_sweep:rank_main", 2, cfg)

@@ -144,10 +144,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--heads", type=int, default=64)
-    ap.add_argument("--configs", nargs="+", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
+    ap.add_argument("--configs", nargs="*", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
     ap.add_argument("--policies", nargs="+", default=[], help="M/m:N1,N2,... (programs per SM: candidates)")
     a = ap.parse_args()
-    configs = [tuple(int(x) for x in c.split(":")) for c in a.configs] if a.configs else CONFIGS
+    configs = [tuple(int(x) for x in c.split(":")) for c in a.configs] if a.configs is not None else CONFIGS
     policies = []
     for spec in a.policies:  # "M/m:N1,N2,..."
         ms, ns = spec.split(":")

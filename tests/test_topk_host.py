@@ -207,3 +207,41 @@ def test_reference_canonical_order_and_keys():
     assert torch.argsort(ref.pack_keys(x, ids), descending=True).tolist() == [
         ids.tolist().index(i) for i in ref.canonical_order(x, ids)
     ]
+
+
+def test_scan_npage_policy():
+    """``_scan_npage`` follows its documented rule (checked against a brute-force reading of the rule for every
+    shape of a grid), always returns a candidate, and with session 8's settings reproduces session 8's loop."""
+    from unittest import mock
+
+    from peerdcp.topk import cache
+
+    def rule(T, pages, sms, group, cands, m, m_small):
+        cands = sorted(n * group for n in cands)
+        ok = [n for n in cands[1:] if T * -(-pages // n) >= m * sms]
+        if ok:
+            return max(ok)
+        if len(cands) > 1 and T * -(-pages // cands[1]) >= m_small * sms:
+            return cands[1]
+        return cands[0]
+
+    def session8(T, pages, sms, group):
+        npage = group
+        while npage < 16 * group and T * -(-pages // (npage * 4)) >= 8 * sms:
+            npage *= 4
+        return npage
+
+    shapes = [(T, p, s, g) for T in (1, 2, 3, 8, 33, 128) for p in (1, 5, 64, 256, 1024, 2048) for s in (1, 78, 132)
+              for g in (1, 2)]  # fmt: skip
+    t = cache.TUNING
+    for T, p, s, g in shapes:
+        got = cache._scan_npage(T, p, s, g)
+        want = rule(T, p, s, g, t["scan_npages"], t["scan_min_programs_per_sm"], t["scan_min_programs_per_sm_small"])
+        assert got == want and got in [n * g for n in t["scan_npages"]], (T, p, s, g, got, want)
+    old = {"scan_npages": (1, 4, 16), "scan_min_programs_per_sm": 8, "scan_min_programs_per_sm_small": 8}
+    with mock.patch.dict(cache.TUNING, old):
+        assert all(cache._scan_npage(*x) == session8(*x) for x in shapes)
+    # the benchmark's shapes on H200 (132 SMs), as measured in session 14: (rows, pages) -> pages per program
+    assert [cache._scan_npage(T, p, 132, 1) for T, p in ((1, 512), (8, 256), (1, 1024), (64, 256), (32, 1024))] == [
+        1, 2, 2, 2, 8
+    ]  # fmt: skip

@@ -6,8 +6,7 @@
 # Usage: AB_DIR=ab/A bash scripts/ab_bench.sh bench.query --heads 32 ...   Logs: $OUT/ab-{B,A}N.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PEERDCP_CACHE="$PWD/.jitcache"
+source scripts/gpu_env.sh
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT" /tmp/ab_b
 A=${AB_DIR:?set AB_DIR to the A build\'s csrc files}

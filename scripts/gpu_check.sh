@@ -7,9 +7,7 @@
 # A test stage that runs out of time gets SIGINT first, so pytest still prints its failures so far.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PEERDCP_CACHE="$PWD/.jitcache"
+source scripts/gpu_env.sh
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then

@@ -6,8 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 W=${WORLD:-4}
-export PEERDCP_GPU_WORLD=$W
-source scripts/gpu_env.sh
+export PEERDCP_GPU_WORLD=$W  # every stage runs through gpu_check.sh, which sources scripts/gpu_env.sh
 Q=tests/test_query_gpu.py
 G="$Q::test_gpu_graph_10000_replays_changing_inputs"
 QUERY="$G[vmm-cuda-push_sn] $G[vmm-cuda-push_sn16] $G[vmm-cuda-push_sn_whole] $G[symm-cuda-push_sn] $G[vmm-cuda-push]

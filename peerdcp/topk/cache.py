@@ -259,15 +259,15 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # faster or equal everywhere (session 8 call 7, us replicated / owner-sharded, default -> 2): 46.8 / 27.4 -> 46.0 /
 # 25.2 at 32 x 32K, 89.5 / 48.2 -> 87.8 / 44.0 at 64 x 32K, 46.7 / 27.2 -> 46.1 / 25.1 at 8 x 128K, 707 / 344 ->
 # 642 / 329 at 128 x 128K; 1 row (one page per program, no loop): unchanged.
-# "scan_npages" / "scan_min_programs_per_sm" / "..._small": the policy _scan_npage. Session 14 (score_sweep, 3
-# rounds, us replicated / owner-sharded, session 8's policy {1, 4, 16} at >= 8 per SM -> this one): 16.25 / 9.66 ->
-# 13.32 / 8.21 at 8 x 32K, 9.52 / 4.86 -> 8.25 / 4.81 at 1 x 128K, 46.13 / 25.24 -> 43.59 / 24.82 at 32 x 32K,
-# 88.07 / 43.83 -> 81.62 / 45.58 at 64 x 32K, 166.1 / 89.3 -> 164.4 / 83.6 at 128 x 32K, 46.23 / 25.10 ->
-# 43.24 / 24.72 at 8 x 128K, 164.7 / 89.3 -> 163.7 / 83.1 at 32 x 128K; unchanged choices at 64 and 128 x 128K and
-# 1 x 32K. 4 pages per program at ~31 programs per SM measured slower than 2 (8 x 128K: 46.3 vs 43.2 replicated),
-# so 4 is not a candidate. (bench/results/2026-11-30/s14/call4.) The small floor (call 6, 1-8 rows x 32K-128K): 2
-# pages per program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs 4.77, 2 x 32K replicated 4.29 vs 4.62,
-# 4 x 32K sharded 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
+# "scan_npages" / "scan_min_programs_per_sm" / "..._small": the policy _scan_npage. Session 14 (score_sweep, 3 rounds,
+# us replicated / owner-sharded, session 8's policy {1, 4, 16} at >= 8 per SM -> this one with the small floor at 4):
+# 16.25 / 9.66 -> 13.32 / 8.21 at 8 x 32K, 9.52 / 4.86 -> 8.25 / 4.81 at 1 x 128K, 46.13 / 25.24 -> 43.59 / 24.82 at
+# 32 x 32K, 88.07 / 43.83 -> 81.62 / 45.58 at 64 x 32K, 166.1 / 89.3 -> 164.4 / 83.6 at 128 x 32K, 46.23 / 25.10 ->
+# 43.24 / 24.72 at 8 x 128K, 164.7 / 89.3 -> 163.7 / 83.1 at 32 x 128K; unchanged choices at 64 and 128 x 128K and 1 x
+# 32K. 4 pages per program at ~31 programs per SM measured slower than 2 (8 x 128K: 46.3 vs 43.2 replicated), so 4 is
+# not a candidate. (bench/results/2026-11-30/s14/call4.) The small floor (call 6, 1-8 rows x 32K-128K): 2 pages per
+# program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs 4.77, 2 x 32K replicated 4.29 vs 4.62, 4 x 32K sharded
+# 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
 TUNING = {
     "scan_group": 1,
     "scan_npage": 0,

@@ -404,21 +404,12 @@ def cache_roundtrip(I: int, layout: str, D: int = 32, P: int = 16, device: str =
 
 
 @one_thread
-def scoring(
-    H: int, D: int, P: int, I: int, seed: int, device: str = "cpu", upcast: bool = False, persistent: float = 0
-) -> dict:
-    """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1); ``persistent``
-    > 0 scores with the persistent kernel (``TUNING["scan_persistent"]``: programs per SM; GPU only) and
-    adds ``bitwise_vs_default``: its scores equal the default kernel's bit for bit, both layouts."""
-    from unittest import mock
-
-    from peerdcp.topk import cache as cache_mod
-
+def scoring(H: int, D: int, P: int, I: int, seed: int, device: str = "cpu", upcast: bool = False) -> dict:
+    """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1)."""
     old = os.environ.get("PEERDCP_INDEXER_UPCAST")
     os.environ["PEERDCP_INDEXER_UPCAST"] = "1" if upcast else "0"
     try:
-        with mock.patch.dict(cache_mod.TUNING, {"scan_persistent": persistent}):
-            return _scoring(H, D, P, I, seed, device, persistent > 0)
+        return _scoring(H, D, P, I, seed, device)
     finally:
         if old is None:
             del os.environ["PEERDCP_INDEXER_UPCAST"]
@@ -426,7 +417,7 @@ def scoring(
             os.environ["PEERDCP_INDEXER_UPCAST"] = old
 
 
-def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, vs_default: bool = False) -> dict:
+def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
     """indexer_logits against the fp64 reference, owner-sharded and replicated, with MTP rows and a block
     table over two sequences; sharded scores must equal the replicated kernel's bit for bit.
 
@@ -508,21 +499,6 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, vs_default:
     res["no_table"] = o2.shape[1] == ref.local_length(300, 0, W, I) and bool(
         torch.equal(o2.view(torch.int32), sh[[2, 0], :n2].view(torch.int32))
     )
-    if vs_default:
-        from unittest import mock
-
-        from peerdcp.topk import cache as cache_mod
-
-        same = True
-        with mock.patch.dict(cache_mod.TUNING, {"scan_persistent": 0}):
-            for lay, c in caches.items():
-                npg = -(-ref.local_length(max(S), 0, W, I) // P) if c.sharded else -(-max(S) // P)
-                table = c.block_table(torch.tensor([starts[s] for s in row_seq], device=dev), npg)
-                o = peerdcp.topk.indexer_logits(
-                    q.to(dev), w.to(dev), c, row_len.to(dev), block_table=table, max_seq_len=max(S)
-                ).cpu()
-                same &= torch.equal(o.view(torch.int32), outs[lay].view(torch.int32))
-        res["bitwise_vs_default"] = bool(same)
     for c in caches.values():
         c.close()
     return res

@@ -30,7 +30,7 @@ import triton
 from .._checks import is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
 from . import reference as ref
-from .kernels import _logits_kernel, _logits_persistent_kernel, _write_kernel
+from .kernels import _logits_kernel, _write_kernel
 
 __all__ = ["IndexKCache", "indexer_logits", "LAYOUTS"]
 
@@ -275,7 +275,6 @@ TUNING = {
     "scan_npages": (1, 2, 8, 16),
     "scan_min_programs_per_sm": 30,
     "scan_min_programs_per_sm_small": 3,
-    "scan_persistent": 0,
 }
 
 
@@ -383,26 +382,20 @@ def indexer_logits(
         return out
     P = cache.page_size
     pages = triton.cdiv(Lmax, P)
-    # "scan_persistent" > 0 (GPU): the persistent kernel, that many programs per SM (at least one program). Not
-    # in the interpreter: Triton 3.6's interpreter cannot take a loop bound computed at run time under NumPy 2.
-    persist = float(TUNING["scan_persistent"]) if dev.type == "cuda" else 0.0
-    if persist > 0:
-        grid = (min(T * pages, max(1, int(persist * _num_sms(dev.index)))),)
-    elif dev.type == "cuda":
+    if dev.type == "cuda":
         group = int(TUNING["scan_group"])
         npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, _num_sms(dev.index), group)
-        grid = (T, triton.cdiv(pages, npage))
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
-        grid = (T, 1)
     stages = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
     table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
+    grid = (T, triton.cdiv(pages, npage))
     # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
     # FP8 dot as one warpgroup MMA (m64) for GLM-5's 32 heads too
     block_h = max(64 if dev.type == "cuda" else 16, triton.next_power_of_2(H))
 
     def launch(dot: int) -> None:
-        args = (
+        _logits_kernel[grid](
             q_fp8,
             q_fp8.stride(0),
             weights,
@@ -421,8 +414,8 @@ def indexer_logits(
             cache.rank,
             W,
             I,
-        )
-        meta = dict(
+            NPAGE=npage,
+            GROUP=group,
             PAGE=P,
             PAGE_BYTES=cache.page_bytes,
             D=D,
@@ -433,10 +426,6 @@ def indexer_logits(
             num_warps=4,
             **stages,
         )
-        if persist > 0:
-            _logits_persistent_kernel[grid](*args, pages, T * pages, **meta)
-        else:
-            _logits_kernel[grid](*args, NPAGE=npage, GROUP=group, **meta)
 
     key = (dev.index if dev.type == "cuda" else -1, block_h)
     if os.environ.get("PEERDCP_INDEXER_UPCAST") == "1":  # force the fp16 path (tests, diagnosis)

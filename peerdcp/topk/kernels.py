@@ -23,7 +23,6 @@ from ..kernel_support import next_epoch, peer_pointer, signal_release, wait_equa
 __all__ = [
     "_write_kernel",
     "_logits_kernel",
-    "_logits_persistent_kernel",
     "_keys_kernel",
     "_publish_kernel",
     "_merge_kernel",
@@ -141,133 +140,48 @@ def _logits_kernel(
     """
     t = tl.program_id(0).to(tl.int64)
     jb = tl.program_id(1)
-    nloc, npg_row, qt, wv = _row_query(
-        t, q8, q_stride, w, w_stride, seq_lens, H, rank, W, I, PAGE, D, BLOCK_H, SHARDED, DOT
-    )
-    n = tl.arange(0, GROUP * PAGE)  # token of the step: page n // PAGE of the group, row n % PAGE
-    # A constexpr trip count with masked loads (no memory traffic for pages past the row's end) keeps
-    # the loop pipelinable on GPU and runs in the interpreter.
-    for i in range(NPAGE // GROUP):
-        j = (jb * NPAGE + i * GROUP + n // PAGE).to(tl.int64)  # [GROUP * PAGE] page of each token
-        _score_pages(
-            j, t, nloc, npg_row, qt, wv, table, table_stride, table_cols, kv8, kv32, out, out_stride, Lmax,
-            num_pages, PAGE, PAGE_BYTES, D, GROUP, HAS_TABLE, DOT,
-        )  # fmt: skip
-
-
-@triton.jit
-def _row_query(
-    t, q8, q_stride, w, w_stride, seq_lens, H, rank, W, I,
-    PAGE: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, SHARDED: tl.constexpr, DOT: tl.constexpr,
-    LEN32: tl.constexpr = False,
-):  # fmt: skip
-    """Row ``t``'s local length ``nloc`` and pages ``npg_row`` (int64; ``LEN32``: int32, from the length's low 32
-    bits), its query ``qt`` ``[D, BLOCK_H]`` (heads past ``H`` zero; fp8, fp16 or fp64 by ``DOT``) and weights
-    ``wv`` ``[BLOCK_H]`` fp32."""
-    L = tl.load(seq_lens + t).to(tl.int32 if LEN32 else tl.int64)
+    L = tl.load(seq_lens + t).to(tl.int64)
     if SHARDED:
         nloc = _local_length(L, rank, W, I)
     else:
         nloc = L
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
+    n = tl.arange(0, GROUP * PAGE)  # token of the step: page n // PAGE of the group, row n % PAGE
     q = tl.load(q8 + t * q_stride + h[:, None] * D + d[None, :], mask=h[:, None] < H, other=0.0)
     wv = tl.load(w + t * w_stride + h, mask=h < H, other=0.0)
     if DOT == 1:
         q = q.to(tl.float16)
     if DOT == 2:
         q = q.to(tl.float32).to(tl.float64)  # (the interpreter cannot cast fp8 -> fp64 directly)
-    qt = tl.trans(q)
-    return nloc, (nloc + PAGE - 1) // PAGE, qt, wv
-
-
-@triton.jit
-def _logits_persistent_kernel(
-    q8,
-    q_stride,
-    w,
-    w_stride,
-    seq_lens,
-    table,
-    table_stride,
-    table_cols,
-    kv8,
-    kv32,
-    out,
-    out_stride,
-    Lmax,
-    H,
-    num_pages,
-    rank,
-    W,
-    I,
-    pages,
-    items,
-    PAGE: tl.constexpr,
-    PAGE_BYTES: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HAS_TABLE: tl.constexpr,
-    SHARDED: tl.constexpr,
-    DOT: tl.constexpr,
-):
-    """The scores of :func:`_logits_kernel` (same arguments, one page per dot) from a grid of ``P`` programs,
-    ``P`` at most ``items = T * pages`` (row, page) items: program p scores the items ``p * items // P .. (p + 1) *
-    items // P - 1`` of the row-major list, so every program has the same number of pages (+-1), whatever the shape; a
-    program that crosses rows loads each row's query once.
-    """
-    p = tl.program_id(0).to(tl.int64)
-    P = tl.num_programs(0).to(tl.int64)
-    pages = pages.to(tl.int64)
-    start = p * items // P  # items >= P: every program has at least one page
-    end = (p + 1) * items // P
-    n = tl.arange(0, PAGE)
-    for t in range(start // pages, (end - 1) // pages + 1):
-        # 32-bit lengths: the owner arithmetic in 64 bits, inside the row loop, took 121 registers (80 with these)
-        nloc, npg_row, qt, wv = _row_query(
-            t, q8, q_stride, w, w_stride, seq_lens, H, rank, W, I, PAGE, D, BLOCK_H, SHARDED, DOT, True
-        )
-        # this program's pages of row t; the inner loop (dynamic bounds) is the one Triton pipelines
-        for jj in range(tl.maximum(start - t * pages, 0), tl.minimum(end - t * pages, pages)):
-            j = jj + n * 0  # [PAGE] int64: every token of the step is on page jj
-            _score_pages(
-                j, t, nloc, npg_row, qt, wv, table, table_stride, table_cols, kv8, kv32, out, out_stride, Lmax,
-                num_pages, PAGE, PAGE_BYTES, D, 1, HAS_TABLE, DOT,
-            )  # fmt: skip
-
-
-@triton.jit
-def _score_pages(
-    j, t, nloc, npg_row, qt, wv, table, table_stride, table_cols, kv8, kv32, out, out_stride, Lmax, num_pages,
-    PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, HAS_TABLE: tl.constexpr,
-    DOT: tl.constexpr,
-):  # fmt: skip
-    """One step of a scoring loop: local pages ``j`` (``[GROUP * PAGE]`` int64, the page of each token) of row
-    ``t`` against ``qt`` ``[D, BLOCK_H]`` and weights ``wv`` ``[BLOCK_H]``; stores ``out[t, j * PAGE + row]``."""
-    n = tl.arange(0, GROUP * PAGE)
-    d = tl.arange(0, D)
-    if HAS_TABLE:
-        inb = j < table_cols
-        page = tl.load(table + t * table_stride + j, mask=inb, other=0).to(tl.int64)
-    else:
-        inb = j >= 0
-        page = j
-    live = (j < npg_row) & inb
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1)  # a bad table reads wrong pages, never out of bounds
-    base = page * PAGE_BYTES
-    row = n % PAGE
-    kt = tl.load(kv8 + base[:, None] + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    ks = tl.load(kv32 + (base + PAGE * D) // 4 + row, mask=live, other=0.0)
-    if DOT == 1:
-        kt = kt.to(tl.float16)
-    if DOT == 2:
-        s = tl.dot(kt.to(tl.float32).to(tl.float64), qt, out_dtype=tl.float64).to(tl.float32)
-    else:
-        s = tl.dot(kt, qt, out_dtype=tl.float32)  # [GROUP * PAGE, BLOCK_H]
-    r = tl.sum(tl.maximum(s, 0.0) * wv[None, :], axis=1) * ks
-    l = j * PAGE + row
-    r = tl.where((l < nloc) & inb, r, float("-inf"))
-    tl.store(out + t * out_stride + l, r, mask=l < Lmax)
+    qt = tl.trans(q)  # [D, BLOCK_H]
+    npg_row = (nloc + PAGE - 1) // PAGE
+    # A constexpr trip count with masked loads (no memory traffic for pages past the row's end) keeps
+    # the loop pipelinable on GPU and runs in the interpreter.
+    for i in range(NPAGE // GROUP):
+        j = (jb * NPAGE + i * GROUP + n // PAGE).to(tl.int64)  # [GROUP * PAGE] page of each token
+        if HAS_TABLE:
+            inb = j < table_cols
+            page = tl.load(table + t * table_stride + j, mask=inb, other=0).to(tl.int64)
+        else:
+            inb = j >= 0
+            page = j
+        live = (j < npg_row) & inb
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)  # a bad table reads wrong pages, never out of bounds
+        base = page * PAGE_BYTES
+        row = n % PAGE
+        kt = tl.load(kv8 + base[:, None] + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        ks = tl.load(kv32 + (base + PAGE * D) // 4 + row, mask=live, other=0.0)
+        if DOT == 1:
+            kt = kt.to(tl.float16)
+        if DOT == 2:
+            s = tl.dot(kt.to(tl.float32).to(tl.float64), qt, out_dtype=tl.float64).to(tl.float32)
+        else:
+            s = tl.dot(kt, qt, out_dtype=tl.float32)  # [GROUP * PAGE, BLOCK_H]
+        r = tl.sum(tl.maximum(s, 0.0) * wv[None, :], axis=1) * ks
+        l = j * PAGE + row
+        r = tl.where((l < nloc) & inb, r, float("-inf"))
+        tl.store(out + t * out_stride + l, r, mask=l < Lmax)
 
 
 # ------------------------------------------------------------------------------------- candidate keys

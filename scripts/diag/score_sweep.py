@@ -1,7 +1,7 @@
 """Where the indexer scoring kernel's time goes (GPU machine, W = 2): variants of ``_logits_kernel`` side by side.
 
     python3 scripts/diag/score_sweep.py OUT_DIR [--rows 1 8 32] [--contexts 32768 131072]
-        [--configs G:N:S ...] [--policies M/m:N1,N2,..] [--persistent F ...] [--rounds R] [--heads H]
+        [--configs G:N:S ...] [--policies M/m:N1,N2,..] [--rounds R] [--heads H]
 
 Variants (DeepSeek-V3.2 indexer, 64 heads x 128; ``same``: every score within 2^-9 of the row's largest
 magnitude of the library default's, -inf at the same places): ``lib`` - ``indexer_logits`` as configured;
@@ -16,12 +16,15 @@ dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program o
 
 ``--configs`` replaces the built-in list (``G:N:S``; N or S 0 = the library's choice); ``--policies M/m:N1,N2,..``
 adds the library's policy (``peerdcp.topk.cache._scan_npage``) with other candidates (pages per program) and
-programs-per-SM floors; ``--persistent F`` adds the persistent kernel (``_logits_persistent_kernel``) with F
-programs per SM (``pers{F}``); ``--rounds R`` times
+programs-per-SM floors; ``--rounds R`` times
 every variant R times, round-robin over the variants (so a drift of the machine spreads over all of them), and
 reports the mean with ``spread`` = (max - min) / mean over the rounds of both layouts. Session 14 swept the
 pages per program 1-16 at 1-128 rows (the policy ``_scan_npage``), 3 stages, and two loops that run ahead of
-the dot (``bench/results/2026-11-30/s14/call2/scan_prefetch_modes.patch``; slower, not kept).
+the dot (``bench/results/2026-11-30/s14/call2/scan_prefetch_modes.patch``; slower, not kept). Session 15 measured a
+persistent kernel (a balanced (row, page) split over a grid of F programs per SM) and a 64-register cap (8 programs
+per SM instead of 7) with options this file then had (``bench/results/2026-11-30/s15/call2/persistent_maxnreg.patch``;
+the persistent kernel 20-30 % slower, the cap within the spread; neither kept). After the table, every compiled
+kernel's registers, shared memory and resident programs per SM.
 
 Prints one table: µs per call (CUDA graph, 20 calls per replay, slowest rank, median), replicated (``rep``) and
 owner-sharded (``sh``) caches, and the ratio sh / rep. A diagnosis tool, not a claim (bench/topk makes the claims).
@@ -63,6 +66,26 @@ def _local_max(c, tabs, ctx: int, lay: str, W: int) -> int:
     return min(tabs[0].shape[1] * c.page_size, ctx if lay == "replicated" else -(-ctx // W))
 
 
+def _kernel_report(dev: torch.device) -> list[str]:
+    """Every compiled scoring kernel on ``dev``: registers, spills, shared memory, pipeline stages and resident
+    programs per SM (``cuOccupancyMaxActiveBlocksPerMultiprocessor``)."""
+    from cuda.bindings import driver
+
+    from peerdcp.topk.kernels import _logits_kernel
+
+    lines = []
+    for key, ck in _logits_kernel.device_caches[dev.index][0].items():  # (Triton 3.6: key -> CompiledKernel)
+        md = ck.metadata
+        err, occ = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver.CUfunction(ck.function), md.num_warps * 32, md.shared
+        )
+        lines.append(
+            f"regs {ck.n_regs} spills {ck.n_spills} smem {md.shared} stages {md.num_stages} "
+            f"per_sm {occ if err == 0 else err} | {str(key)[-160:]}"
+        )
+    return lines
+
+
 def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
@@ -101,8 +124,6 @@ def rank_main(cfg: dict) -> list[dict]:
                 variants[f"p{m:g}/{m_small:g}:{','.join(map(str, npages))}"] = cfg_fn(
                     cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], **tune
                 )
-            for f in cfg["persistent"]:
-                variants[f"pers{f:g}"] = cfg_fn(1, 0, cache_mod.TUNING["scan_stages"], scan_persistent=f)
             rows = {
                 name: {"ctx": ctx, "rows": T, "variant": name, "same": True, "rep": [], "sh": []} for name in variants
             }
@@ -136,6 +157,8 @@ def rank_main(cfg: dict) -> list[dict]:
             for c, _, _ in caches.values():
                 c.close()
             torch.cuda.empty_cache()
+    if dist.get_rank() == 0:
+        print("\n".join(_kernel_report(dev)), flush=True)
     return rows_out if dist.get_rank() == 0 else []
 
 
@@ -149,7 +172,6 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--configs", nargs="*", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
     ap.add_argument("--policies", nargs="+", default=[], help="M/m:N1,N2,... (programs per SM: candidates)")
-    ap.add_argument("--persistent", nargs="+", type=float, default=[], help="persistent kernel, programs per SM")
     a = ap.parse_args()
     configs = [tuple(int(x) for x in c.split(":")) for c in a.configs] if a.configs is not None else CONFIGS
     policies = []
@@ -158,7 +180,7 @@ def main() -> int:
         m, m_small = (float(x) for x in ms.split("/"))
         policies.append((m, m_small, tuple(int(x) for x in ns.split(","))))
     cfg = {"rows": a.rows, "contexts": a.contexts, "iters": a.iters, "rounds": a.rounds, "heads": a.heads,
-           "configs": configs, "policies": policies, "persistent": a.persistent}  # fmt: skip
+           "configs": configs, "policies": policies}  # fmt: skip
     res = run_ranks("scripts.diag.score_sweep:rank_main", 2, cfg)
     rows = res[0]
     out = Path(a.out)

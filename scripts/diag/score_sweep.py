@@ -16,15 +16,20 @@ dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program o
 
 ``--configs`` replaces the built-in list (``G:N:S``; N or S 0 = the library's choice); ``--policies M/m:N1,N2,..``
 adds the library's policy (``peerdcp.topk.cache._scan_npage``) with other candidates (pages per program) and
-programs-per-SM floors; ``--rounds R`` times
-every variant R times, round-robin over the variants (so a drift of the machine spreads over all of them), and
-reports the mean with ``spread`` = (max - min) / mean over the rounds of both layouts. Session 14 swept the
-pages per program 1-16 at 1-128 rows (the policy ``_scan_npage``), 3 stages, and two loops that run ahead of
-the dot (``bench/results/2026-11-30/s14/call2/scan_prefetch_modes.patch``; slower, not kept). Session 15 measured a
-persistent kernel (a balanced (row, page) split over a grid of F programs per SM) and a 64-register cap (8 programs
-per SM instead of 7) with options this file then had (``bench/results/2026-11-30/s15/call2/persistent_maxnreg.patch``;
-the persistent kernel 20-30 % slower, the cap within the spread; neither kept). After the table, every compiled
-kernel's registers, shared memory and resident programs per SM.
+programs-per-SM floors; ``--rounds R`` times every variant R times, round-robin over the variants (so a drift of
+the machine spreads over all of them), and reports the mean with ``spread`` = (max - min) / mean over the rounds
+of both layouts. ``--floor`` adds two reads of the same pages' bytes without the scan's math: ``sum``
+(``torch.sum`` of their fp32 view) and ``stream`` (a Triton kernel, 8 KB per step, 8 steps per program, 3
+stages); ``rep_TBs`` / ``sh_TBs`` are every variant's scanned bytes per second (TB/s). After the table: every
+compiled scoring kernel's registers, shared memory and resident programs per SM.
+
+History. Session 14 swept the pages per program 1-16 at 1-128 rows (the policy ``_scan_npage``), 3 stages, and
+two loops that run ahead of the dot (``bench/results/2026-11-30/s14/call2/scan_prefetch_modes.patch``; slower,
+not kept). Session 15 measured, with options this file then had: a persistent kernel (a balanced (row, page)
+split over F programs per SM) and a 64-register cap (8 programs per SM instead of 7)
+(``bench/results/2026-11-30/s15/call2/persistent_maxnreg.patch``: 20-30 % slower; within the spread), and session
+14's table-first loop at 3 and 4 stages (``--configs 1:0:3:1`` with ``.../s14/call9/table_first.patch``: the keys
+then triple-buffered; up to 7 % faster replicated at 128 rows, slower sharded and at 8-64 rows). None kept.
 
 Prints one table: µs per call (CUDA graph, 20 calls per replay, slowest rank, median), replicated (``rep``) and
 owner-sharded (``sh``) caches, and the ratio sh / rep. A diagnosis tool, not a claim (bench/topk makes the claims).
@@ -40,6 +45,8 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -64,6 +71,26 @@ def _same(ref: torch.Tensor, got: torch.Tensor) -> bool:
 def _local_max(c, tabs, ctx: int, lay: str, W: int) -> int:
     """The scored width of a case: the table's pages, cut to the (local) context."""
     return min(tabs[0].shape[1] * c.page_size, ctx if lay == "replicated" else -(-ctx // W))
+
+
+@triton.jit
+def _stream_kernel(x, n, out, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """Program p xors the int32 words ``p * BLOCK * ITERS ..`` (BLOCK per step, 8 KB: one page's keys) into one."""
+    base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(ITERS):
+        o = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc ^= tl.load(x + o, mask=o < n, other=0)
+    tl.store(out + tl.program_id(0), tl.xor_sum(acc, 0))
+
+
+def _stream(x: torch.Tensor) -> torch.Tensor:
+    """A plain streaming read of ``x`` (int32) with Triton's pipeline: the scan's bytes without its math."""
+    block, iters = 2048, 8
+    grid = (triton.cdiv(x.numel(), block * iters),)
+    out = torch.empty(grid[0], dtype=torch.int32, device=x.device)
+    _stream_kernel[grid](x, x.numel(), out, BLOCK=block, ITERS=iters, num_warps=4, num_stages=3)
+    return out
 
 
 def _kernel_report(dev: torch.device) -> list[str]:
@@ -124,10 +151,22 @@ def rank_main(cfg: dict) -> list[dict]:
                 variants[f"p{m:g}/{m_small:g}:{','.join(map(str, npages))}"] = cfg_fn(
                     cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], **tune
                 )
+            if cfg["floor"]:  # torch's sum over the same pages' bytes: the streaming rate of a tuned reduction
+                spans = {}  # id(block table) -> the int32 view of its pages
+                for c, tabs, _ in caches.values():
+                    for tab in tabs:
+                        lo, hi = int(tab.min()), int(tab.max()) + 1
+                        spans[id(tab)] = c._alive().view(-1)[lo * c.page_bytes : hi * c.page_bytes].view(torch.int32)
+                variants["sum"] = lambda q, w, c, tab, L: spans[id(tab)].view(torch.float32).sum()
+                variants["stream"] = lambda q, w, c, tab, L: _stream(spans[id(tab)])
+            nbytes = {lay: T * tabs[0].shape[1] * c.page_bytes for lay, (c, tabs, _) in caches.items()}
             rows = {
                 name: {"ctx": ctx, "rows": T, "variant": name, "same": True, "rep": [], "sh": []} for name in variants
             }
             for name, fn in variants.items():
+                if name in ("sum", "stream"):
+                    rows[name]["same"] = None  # (no scores)
+                    continue
                 for lay in ("replicated", "owner_sharded"):
                     c, tabs, _ = caches[lay]
                     Lq = _local_max(c, tabs, ctx, lay, W)
@@ -150,6 +189,8 @@ def rank_main(cfg: dict) -> list[dict]:
                 row["rep_rounds"], row["sh_rounds"] = row["rep"], row["sh"]
                 row["rep"], row["sh"] = statistics.mean(row["rep"]), statistics.mean(row["sh"])
                 row["ratio"], row["spread"] = row["sh"] / row["rep"], spread
+                row["rep_TBs"] = nbytes["replicated"] / row["rep"] / 1e6  # bytes / us -> TB/s
+                row["sh_TBs"] = nbytes["owner_sharded"] / row["sh"] / 1e6
                 rows_out.append(row)
                 if dist.get_rank() == 0:  # progress: a stage cut short by its time limit keeps what it measured
                     print(f"{ctx} x {T} {row['variant']}: rep {row['rep']:.2f} sh {row['sh']:.2f} "
@@ -170,6 +211,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--floor", action="store_true", help="add `sum`: torch.sum over the scanned pages' bytes")
     ap.add_argument("--configs", nargs="*", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
     ap.add_argument("--policies", nargs="+", default=[], help="M/m:N1,N2,... (programs per SM: candidates)")
     a = ap.parse_args()
@@ -180,13 +222,13 @@ def main() -> int:
         m, m_small = (float(x) for x in ms.split("/"))
         policies.append((m, m_small, tuple(int(x) for x in ns.split(","))))
     cfg = {"rows": a.rows, "contexts": a.contexts, "iters": a.iters, "rounds": a.rounds, "heads": a.heads,
-           "configs": configs, "policies": policies}  # fmt: skip
+           "configs": configs, "policies": policies, "floor": a.floor}  # fmt: skip
     res = run_ranks("scripts.diag.score_sweep:rank_main", 2, cfg)
     rows = res[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "score_sweep.json").write_text(json.dumps(rows, indent=1))
-    print(format_table(rows, ["ctx", "rows", "variant", "same", "rep", "sh", "ratio", "spread"]))
+    print(format_table(rows, ["ctx", "rows", "variant", "same", "rep", "sh", "ratio", "spread", "rep_TBs", "sh_TBs"]))
     return 0
 
 

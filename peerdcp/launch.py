@@ -104,6 +104,12 @@ class RankPool:
             missing = sorted(set(range(self.world)) - set(results) - set(errors))
             self.close(force=True)
             raise RankError(f"{fn.__name__}: ranks {missing} did not finish within {timeout:g} s") from None
+        except BaseException:
+            # Interrupted while waiting (Ctrl-C, a test's time limit raised from a signal handler): the ranks may
+            # still be running this call, and their results would be read as the next call's. The pool is done.
+            self.broken = True
+            self.close(force=True)
+            raise
         if errors:
             text = "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(errors.items()))
             raise RankError(f"{fn.__name__} failed on ranks {sorted(errors)}:\n{text}")

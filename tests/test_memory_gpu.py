@@ -13,13 +13,13 @@ pytestmark = pytest.mark.multigpu
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 def test_gpu_write_read_every_peer(pools, memory):
     res = pools(GPU_WORLD, NCCL).run(fns.write_read_all, 4 * 2 * 4096 + 16, memory, "cuda")
-    assert res == [{"zero": True, "ok": True, "reads": True, "closed": True}] * 2
+    assert res == [{"zero": True, "ok": True, "reads": True, "closed": True}] * GPU_WORLD
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
 def test_gpu_triton_kernel_roundtrip(pools, memory):
     res = pools(GPU_WORLD, NCCL).run(fns.kernel_roundtrip, 5, 1000, memory, "cuda")
-    assert res == [[True] * 5] * 2
+    assert res == [[True] * 5] * GPU_WORLD
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])

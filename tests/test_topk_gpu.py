@@ -62,7 +62,7 @@ def test_gpu_cuda_graph_replays(pools, memory, backend, interleave, merge):
         assert all(r["ok"]), r["ok"]
         assert r["backend"] == backend
         assert r["merge_impl"] == merge
-    assert res[0]["digests"] == res[1]["digests"]
+    assert all(r["digests"] == res[0]["digests"] for r in res)
 
 
 @pytest.mark.parametrize("merge", MERGES)
@@ -73,7 +73,7 @@ def test_gpu_back_to_back_without_barrier(pools, memory, merge):
     )
     for r in res:
         assert all(r["ok"]), [i for i, x in enumerate(r["ok"]) if not x]
-    assert res[0]["digests"] == res[1]["digests"]
+    assert all(r["digests"] == res[0]["digests"] for r in res)
 
 
 def test_gpu_rows_beyond_max_rows(pools):
@@ -98,8 +98,8 @@ def test_gpu_sharded_pipeline_matches_replicated(pools, memory):
     res = pools(GPU_WORLD, NCCL).run(fns.pipeline, 64, 128, 64, 1, 9, memory=memory, device="cuda")
     for r in res:
         assert r["equal_baseline"] and r["equal_reference"], r
-        assert r["bytes"] == (8 * 8448, 16 * 8448)
-    assert res[0]["digest"] == res[1]["digest"]
+        assert r["bytes"] == (16 // GPU_WORLD * 8448, 16 * 8448)  # 1/W of replicated
+    assert all(r["digest"] == res[0]["digest"] for r in res)
 
 
 def test_gpu_bad_input(pools):

@@ -1,0 +1,46 @@
+"""RankPool: a call interrupted while the ranks still run it leaves no stale results for the next call."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from peerdcp.launch import RankError, RankPool
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _raise(*_: object) -> None:
+    raise _Interrupt
+
+
+def _rank_of_pool() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
+def test_interrupted_call_breaks_the_pool():
+    """pytest-timeout's signal method raises inside ``run``'s wait, as this SIGALRM handler does: the pool must
+    be marked broken (the conftest then builds a new one), not hand the sleeping call's results to the next."""
+    pool = RankPool(2)
+    assert pool.run(_rank_of_pool) == [0, 1]
+    old = signal.signal(signal.SIGALRM, _raise)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(_Interrupt):
+            pool.run(time.sleep, 3.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert pool.broken
+    with pytest.raises(RankError, match="broken"):
+        pool.run(_rank_of_pool)
+    assert not any(p.is_alive() for p in pool._procs)  # closed: no rank left running the interrupted call
+    with RankPool(2) as fresh:
+        assert fresh.run(_rank_of_pool) == [0, 1]

@@ -202,9 +202,13 @@ def test_missing_peer_raises_timeout_on_gpu(pools, kernel):
     cfg.pop("timeout_s")
     res = _run(_pool(pools), kernel, "missing_peer", cfg, 1, 2.0)
     assert res[1] == {"absent": True}
-    assert res[0]["first"] == "rank=0 peer=1 mech=output", res
-    assert res[0]["second"] == res[0]["first"] and res[0]["check"] == "PeerTimeoutError", res
-    assert res[0]["dt"] < 15.0, res
+    for r, d in enumerate(res):  # every present rank times out (at W > 2 possibly on a late present peer)
+        if r == 1:
+            continue
+        assert d["first"].startswith(f"rank={r} peer=") and d["first"].endswith(" mech=output"), res
+        assert d["second"] == d["first"] and d["check"] == "PeerTimeoutError", res
+        assert d["dt"] < 15.0, res
+    assert any(d["first"] == f"rank={r} peer=1 mech=output" for r, d in enumerate(res) if r != 1), res
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])

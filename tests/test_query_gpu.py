@@ -156,10 +156,14 @@ def test_gpu_back_to_back_eager_bf16_auto(gpool):
 def test_gpu_missing_peer_times_out(gpool, impl, tuning, mode):
     res = gpool.run(fns.missing_peer, 1, 2.0, "vmm", impl, tuning)
     assert res[1]["role"] == "absent"
-    r = res[0]
-    assert r["copy_mode"] == mode, r
-    assert r["first"] == "rank=0 peer=1 mech=query" and r["again"] == r["first"], r
-    assert 1.5 < r["dt"] < 10.0, r
+    for rank, r in enumerate(res):  # every present rank times out (at W > 2 possibly on a late present peer)
+        if rank == 1:
+            continue
+        assert r["copy_mode"] == mode, r
+        assert r["first"].startswith(f"rank={rank} peer=") and r["first"].endswith(" mech=query"), r
+        assert r["again"] == r["first"], r
+        assert 1.5 < r["dt"] < 10.0, r
+    assert any(r["first"] == f"rank={k} peer=1 mech=query" for k, r in enumerate(res) if k != 1), res
 
 
 def test_gpu_bad_inputs_and_auto(gpool):

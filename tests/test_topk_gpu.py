@@ -116,6 +116,10 @@ def test_gpu_bad_input(pools):
 def test_gpu_missing_peer_times_out(pools):
     res = pools(GPU_WORLD, NCCL).run(fns.missing_peer, 1, 2.0, memory="vmm", device="cuda")
     assert res[1] == "absent"
-    first, again, check = res[0].split(" | ")
-    assert first.startswith("timeout rank=0 peer=1 mech=topk"), res[0]
-    assert (again, check) == ("refused", "refused"), res[0]
+    for r, msg in enumerate(res):  # every present rank times out (at W > 2 possibly on a late present peer)
+        if r == 1:
+            continue
+        first, again, check = msg.split(" | ")
+        assert first.startswith(f"timeout rank={r} peer=") and " mech=topk" in first, msg
+        assert (again, check) == ("refused", "refused"), msg
+    assert any(m.startswith(f"timeout rank={r} peer=1 ") for r, m in enumerate(res) if r != 1), res

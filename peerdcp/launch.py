@@ -90,7 +90,7 @@ class RankPool:
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return ``[result of rank 0, ..., rank W-1]``."""
         if self.broken:
-            raise RankError("this RankPool is broken (an earlier call timed out); create a new one")
+            raise RankError("this RankPool is broken (an earlier call timed out or was interrupted); create a new one")
         for q in self._inq:
             q.put((fn, args, kwargs))
         results: dict[int, Any] = {}
@@ -99,16 +99,14 @@ class RankPool:
             while len(results) + len(errors) < self.world:
                 rank, ok, value = self._outq.get(timeout=timeout)
                 (results if ok else errors)[rank] = value
-        except queue.Empty:
-            self.broken = True
-            missing = sorted(set(range(self.world)) - set(results) - set(errors))
-            self.close(force=True)
-            raise RankError(f"{fn.__name__}: ranks {missing} did not finish within {timeout:g} s") from None
-        except BaseException:
-            # Interrupted while waiting (Ctrl-C, a test's time limit raised from a signal handler): the ranks may
-            # still be running this call, and their results would be read as the next call's. The pool is done.
+        except BaseException as e:
+            # Timed out, or interrupted while waiting (Ctrl-C, a test's time limit raised from a signal handler):
+            # the ranks may still be running this call, and their results would be read as the next call's.
             self.broken = True
             self.close(force=True)
+            if isinstance(e, queue.Empty):
+                missing = sorted(set(range(self.world)) - set(results) - set(errors))
+                raise RankError(f"{fn.__name__}: ranks {missing} did not finish within {timeout:g} s") from None
             raise
         if errors:
             text = "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(errors.items()))

@@ -1,4 +1,5 @@
-"""RankPool: a call interrupted while the ranks still run it leaves no stale results for the next call."""
+"""RankPool: a call that times out or is interrupted while the ranks still run it leaves no stale results for the
+next call."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def test_interrupted_call_breaks_the_pool():
     assert not any(p.is_alive() for p in pool._procs)  # closed: no rank left running the interrupted call
     with RankPool(2) as fresh:
         assert fresh.run(_rank_of_pool) == [0, 1]
+
+
+def test_timed_out_call_breaks_the_pool():
+    pool = RankPool(2)
+    with pytest.raises(RankError, match=r"sleep: ranks \[0, 1\] did not finish within 0.5 s"):
+        pool.run(time.sleep, 3.0, timeout=0.5)
+    assert pool.broken
+    with pytest.raises(RankError, match="broken"):
+        pool.run(_rank_of_pool)
+    assert not any(p.is_alive() for p in pool._procs)

@@ -381,7 +381,10 @@ def back_to_back(
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
         names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12", K.MODE_PUSH_SN: "push_sn"})
         info["modes"] = sorted({"exposed" if e else _mode_name(qg, T, names) for T, e in plan})
+        t0 = time.perf_counter()
+        per_call = []  # host seconds of each call (inputs made, launched): where a slow test spends its time
         for i, (T, exposed) in enumerate(plan):
+            tc = time.perf_counter()
             nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
             out = poisoned(qg, T)
             if exposed:
@@ -392,9 +395,11 @@ def back_to_back(
             else:
                 qg.gather(nopes[me], pes[me], pos, cs, out=out)
             kept.append(out)
+            per_call.append((time.perf_counter() - tc, i, T, exposed))
         if dev.type == "cuda":
             torch.cuda.synchronize()
         qg.check()
+    t1 = time.perf_counter()
     bad = []
     for i, ((T, exposed), out) in enumerate(zip(plan, kept)):
         nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0])
@@ -402,6 +407,7 @@ def back_to_back(
         if not torch.equal(out.cpu().view(torch.uint8), ref.view(torch.uint8)):
             bad.append((i, T, exposed))
     info.update(calls=n_calls, bad=bad, tokens=sorted({T for T, _ in plan}), exposed=sum(e for _, e in plan))
+    info.update(t_calls_s=t1 - t0, t_check_s=time.perf_counter() - t1, slowest_calls=sorted(per_call)[-4:])
     return info
 
 

@@ -29,8 +29,10 @@ last; writes ``topk.json``, ``topk_merge.png`` and ``topk_indexer.png`` into ``-
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -81,6 +83,7 @@ def merge_rank(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     import peerdcp
+    from peerdcp.topk import ops as topk_ops
 
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(cfg)
@@ -106,6 +109,9 @@ def merge_rank(cfg: dict) -> list[dict]:
                 and torch.equal(tkt.merge(s), tkd.merge(s))
                 for s in sets
             )
+            for c in cfg.get("merge_ctas") or []:  # every forced CTA count gives the same ids
+                with mock.patch.dict(topk_ops.TUNING, {"cuda_merge_ctas_per_row": c}):
+                    exact = exact and all(torch.equal(tkd.merge(s), allgather_topk(s, W)) for s in sets)
             row = {"rows": T, "exact": exact, "memory": tkd.memory, "merge": tkd.merge_impl}
             ops = {
                 "direct": lambda i: tkd.merge(sets[i % 4]),
@@ -120,6 +126,8 @@ def merge_rank(cfg: dict) -> list[dict]:
                 scratch = torch.empty(T, K, dtype=torch.int32, device=dev)
                 ops["publish_only"] = lambda i: tkd._publish(sets[i % 4], scratch)
                 ops["merge_only"] = lambda i: tkd._merge_inbox(sets[i % 4], scratch)
+                for c in cfg.get("merge_ctas") or []:  # the CUDA merge with c CTAs per row (captured so)
+                    ops[f"merge_c{c}"] = functools.partial(_merge_with_ctas, tkd, sets, scratch, c)
             for name, fn in ops.items():
                 row[name] = _time(cfg, fn)
                 if cfg["eager"]:
@@ -130,6 +138,13 @@ def merge_rank(cfg: dict) -> list[dict]:
         tkd.check()
         tkt.check()
     return out if r == 0 else []
+
+
+def _merge_with_ctas(tk, sets: list, scratch: torch.Tensor, ctas: int, i: int) -> None:
+    from peerdcp.topk import ops
+
+    with mock.patch.dict(ops.TUNING, {"cuda_merge_ctas_per_row": ctas}):
+        tk._merge_inbox(sets[i % 4], scratch)
 
 
 # ----------------------------------------------------------------------------------------- part 2
@@ -265,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown", action="store_true", help="also time the direct merge's publish and merge kernels alone"
     )
     p.add_argument(
+        "--merge-ctas",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[],
+        help="with --breakdown: also time the CUDA merge kernel alone at these CTAs per row (e.g. 1,2,4)",
+    )
+    p.add_argument(
         "--cpu-smoke",
         action="store_true",
         help="check this script's code paths on CPU (gloo, Triton interpreter, tiny sizes); times mean nothing",
@@ -284,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "lead_us": args.lead_us,
         "eager": args.eager,
         "breakdown": args.breakdown,
+        "merge_ctas": args.merge_ctas,
         "device": "cuda",
     }
     t0 = time.time()
@@ -334,7 +356,7 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
         cols = ["rows", "exact", "memory", "merge", "direct", "direct_triton", "allgather", "baseline", "speedup"]
         cols += ["vs_allgather"]
         if any("publish_only" in m for m in merge):
-            cols[4:4] = ["publish_only", "merge_only"]
+            cols[4:4] = ["publish_only", "merge_only"] + [f"merge_c{c}" for c in cfg.get("merge_ctas") or []]
         if cfg["eager"]:
             cols += ["direct_eager", "baseline_eager"]
         print(_table(merge, cols))

@@ -1,13 +1,19 @@
 // peerdcp Top-K: the merge of W sorted candidate lists into the exact global top-k, in CUDA C++ (the
 // twin of `_merge_kernel` in peerdcp/topk/kernels.py; read that docstring first: same inputs, same output).
 //
-// One CTA per row t. Every list of the row is staged in shared memory (W x K int64 keys, -1 past its
-// valid length), then the output position of key x = list_a[j] is j + sum_{b != a} #{y in list_b : y > x}
-// (keys are unique over all lists, every list is sorted descending with a -1 tail), found by a binary
-// search in shared memory. The positions of the N valid keys are exactly 0..N-1, so the kernel writes
-// every position < min(N, K) once and fills [min(N, K), K) with -1 itself: no pre-fill, no sort, no
-// atomics. The Triton kernel searches L2 (it cannot index shared memory), 8 bytes per 32-byte sector;
-// this is what makes it 5-7x slower at 128-512 rows (bench.topk --breakdown, 2026-11-30).
+// Grid (T, S): S CTAs per row t (S = 1 when there are enough rows to fill the GPU). Every CTA of the row
+// stages the row's W lists in shared memory (W x K int64 keys, -1 past its valid length); the output
+// position of key x = list_a[j] is j + sum_{b != a} #{y in list_b : y > x} (keys are unique over all lists,
+// every list is sorted descending with a -1 tail), found by binary searches in shared memory.
+//
+// Only the K keys that reach the output are placed. The rank of list_a[j] grows with j, so list a
+// contributes its first c_a keys, c_a = #{j : rank(list_a[j]) < K}; every CTA finds the W cut-offs by a
+// parallel (kThreads / W)-ary search (two or three rounds), then its CTAs split the M = sum_a c_a = min(N, K)
+// surviving keys between them. A surviving key's searches stop at c_b (a key above it in list b also
+// survives). This is W times less search work than placing all W x K keys (what the kernel did before,
+// 2026-11-30 session 16: 36.7 us for one row at W = 4). Positions 0..M-1 are each written once, [M, K) get -1
+// from the kernel itself: no pre-fill, no sort, no atomics on the output. The Triton kernel searches L2 (it
+// cannot index shared memory), 8 bytes per 32-byte sector; it is the CPU-interpreter path and the twin.
 //
 // Direct mode: the own list is read from `own` (this rank's candidates), the peers' from this rank's
 // inbox after a bounded acquire wait for each peer's flag of row t (value = the row's epoch, which the
@@ -40,9 +46,9 @@ struct MergeParams {
   int rank, W, K, max_rows, mech, direct;
 };
 
-__device__ __forceinline__ int count_greater(const int64_t* list, int K, int64_t x) {
-  // #{y in list : y > x} for a list sorted descending: the first index whose key is <= x
-  int lo = 0, hi = K;
+__device__ __forceinline__ int count_greater(const int64_t* list, int n, int64_t x) {
+  // #{y in list[0, n) : y > x} for a list sorted descending: the first index whose key is <= x
+  int lo = 0, hi = n;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     if (list[mid] > x)
@@ -53,18 +59,26 @@ __device__ __forceinline__ int count_greater(const int64_t* list, int K, int64_t
   return lo;
 }
 
+// Rank of key x = sh[a][j] among all W lists (lists b searched over their first n[b] keys), or >= K.
+__device__ __forceinline__ int rank_of(const int64_t* sh, const int* n, int W, int K, int a, int j, int64_t x) {
+  int r = j;
+  for (int b = 0; b < W && r < K; ++b)
+    if (b != a) r += count_greater(sh + b * K, n[b], x);
+  return r;
+}
+
 __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams a) {
   extern __shared__ int64_t sh[];  // [W][K]
   __shared__ int ok_sh;
-  __shared__ int valid_sh;
-  const int t = blockIdx.x, tid = threadIdx.x, W = a.W, K = a.K;
+  __shared__ int nvalid_sh[kMaxW];  // valid keys of list b, then (after the search) its cut-off c_b
+  __shared__ int lo_sh[kMaxW], hi_sh[kMaxW], hits_sh[kMaxW];
+  const int t = blockIdx.x, s = blockIdx.y, S = gridDim.y, tid = threadIdx.x, W = a.W, K = a.K;
+  int32_t* out = a.out + static_cast<int64_t>(t) * K;
   int slot = 0;
-  if (tid == 0) {
-    ok_sh = 1;
-    valid_sh = 0;
-  }
+  if (tid == 0) ok_sh = 1;
   __syncthreads();
   if (a.direct) {
+    // every CTA of the row waits for itself: the peers' lists must be visible to its own loads
     const int64_t epoch = a.state[1 + t];  // written by the publish kernel, earlier on the stream
     slot = static_cast<int>(epoch & 1);
     if (tid < W && tid != a.rank) {
@@ -79,13 +93,11 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
     }
     __syncthreads();
   }
-  int32_t* out = a.out + static_cast<int64_t>(t) * K;
   if (ok_sh == 0) {
-    for (int i = tid; i < K; i += kThreads) out[i] = -1;
+    for (int i = s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
     return;
   }
   // ---- stage every list of row t (inbox reads after the acquire: __ldcg, L2 only, never a stale L1 line)
-  int nvalid = 0;
   for (int b = 0; b < W; ++b) {
     const int64_t* src;
     int len;
@@ -97,26 +109,51 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
       len = a.list_len;
     }
     len = len < K ? len : K;
-    for (int i = tid; i < K; i += kThreads) {
-      const int64_t x = i < len ? __ldcg(src + i) : -1;
-      sh[b * K + i] = x;
-      nvalid += x >= 0;
-    }
+    for (int i = tid; i < K; i += kThreads) sh[b * K + i] = i < len ? __ldcg(src + i) : -1;
   }
-  atomicAdd(&valid_sh, nvalid);
   __syncthreads();
-  // ---- place every valid key of every list
-  for (int idx = tid; idx < W * K; idx += kThreads) {
-    const int a_list = idx / K, j = idx - a_list * K;
-    const int64_t x = sh[idx];
-    if (x < 0) continue;
-    int pos = j;
-    for (int b = 0; b < W && pos < K; ++b)
-      if (b != a_list) pos += count_greater(sh + b * K, K, x);
-    if (pos < K) out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
+  if (tid < W) {
+    const int n = count_greater(sh + tid * K, K, -1);  // keys are >= 1, the tail -1
+    nvalid_sh[tid] = n;
+    lo_sh[tid] = 0;
+    hi_sh[tid] = n;
+    hits_sh[tid] = 0;
+  }
+  __syncthreads();
+  // ---- cut-offs: c_a in [lo_a, hi_a]; each round the L lanes of list a test L evenly spaced j
+  // (pred(j) = rank(list_a[j]) < K is true then false), hits = how many were true
+  const int L = kThreads / W, my = tid / L, lane = tid - my * L;
+  bool more = true;
+  while (__syncthreads_or(more)) {
+    int lo = 0, hi = 0, step = 1;
+    if (my < W) {
+      lo = lo_sh[my], hi = hi_sh[my];
+      step = (hi - lo + L - 1) / L;
+      const int j = lo + lane * step;
+      if (hi > lo && j < hi && rank_of(sh, nvalid_sh, W, K, my, j, sh[my * K + j]) < K) atomicAdd(&hits_sh[my], 1);
+    }
+    __syncthreads();
+    if (my < W && lane == 0 && hi > lo) {
+      const int h = hits_sh[my];
+      lo_sh[my] = h == 0 ? lo : lo + (h - 1) * step + 1;
+      hi_sh[my] = h == 0 ? lo : min(hi, lo + h * step);
+      hits_sh[my] = 0;
+    }
+    __syncthreads();
+    more = my < W && lo_sh[my] < hi_sh[my];
+  }
+  // ---- place the M surviving keys (positions 0..M-1), CTA s taking every S-th group of kThreads
+  int M = 0;
+  for (int b = 0; b < W; ++b) M += lo_sh[b];
+  for (int f = s * kThreads + tid; f < M; f += S * kThreads) {
+    int list = 0, j = f;
+    while (j >= lo_sh[list]) j -= lo_sh[list++];
+    const int64_t x = sh[list * K + j];
+    const int pos = rank_of(sh, lo_sh, W, K, list, j, x);
+    out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
   }
   // ---- positions no valid key reaches
-  for (int i = valid_sh + tid; i < K; i += kThreads) out[i] = -1;
+  for (int i = M + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
 }
 
 }  // namespace
@@ -125,8 +162,9 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
                                   const int64_t* lists, int64_t slot_stride, int64_t list_stride,
                                   int64_t row_stride, int list_len, const int64_t* flags, int64_t* state, void* err,
                                   int64_t timeout_ns, int rank, int W, int K, int T, int max_rows, int mech,
-                                  int direct, cudaStream_t stream) {
-  if (W < 1 || W > kMaxW || K < 1 || T < 0) return static_cast<int>(cudaErrorInvalidValue);
+                                  int direct, int ctas_per_row, cudaStream_t stream) {
+  if (W < 1 || W > kMaxW || K < 1 || T < 0 || ctas_per_row < 1 || ctas_per_row > 65535)
+    return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
   MergeParams a;
   a.out = out, a.own = own, a.own_stride = own_stride, a.own_len = own_len;
@@ -137,7 +175,7 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
   // More than 48 KiB of dynamic shared memory needs the opt-in that peerdcp_topk_merge_max_keys made for
   // this device (it is not done here: a CUDA graph may be capturing this launch).
   const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);
-  topk_merge_kernel<<<T, kThreads, smem, stream>>>(a);
+  topk_merge_kernel<<<dim3(T, ctas_per_row), kThreads, smem, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -146,8 +184,10 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
 // TopK's constructor calls it). 0 on error.
 extern "C" int64_t peerdcp_topk_merge_max_keys(int device) {
   int v = 0, prev = 0;
+  cudaFuncAttributes fa;
   if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-  const int dyn = v - 64;  // the kernel's static shared words
+  if (cudaFuncGetAttributes(&fa, topk_merge_kernel) != cudaSuccess) return 0;
+  const int dyn = v - static_cast<int>(fa.sharedSizeBytes);  // less the kernel's static shared memory
   if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return 0;
   const cudaError_t e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
   cudaSetDevice(prev);

@@ -15,7 +15,13 @@ import torch
 
 from ..jit import load as load_jit
 
-__all__ = ["load", "max_keys", "merge"]
+__all__ = ["TUNING", "ctas_per_row", "load", "max_keys", "merge"]
+
+#: ``cuda_merge_ctas_per_row``: CTAs that share one row's merge (0: the rule of :func:`ctas_per_row`).
+TUNING = {"cuda_merge_ctas_per_row": 0}
+#: most CTAs per row the rule gives: every CTA stages all W lists of its row and finds the W cut-offs itself,
+#: so past a few CTAs the shared placement work no longer pays for the repeated staging
+MAX_CTAS_PER_ROW = 4
 
 _i64, _i32, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 
@@ -46,6 +52,7 @@ def load() -> ctypes.CDLL:
         _i32,
         _i32,
         _i32,  # rank, W, K, T, max_rows, mech, direct
+        _i32,  # ctas_per_row
         _vp,  # stream
     ]
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
@@ -58,6 +65,20 @@ def max_keys(device: int) -> int:
     """Most int64 keys (W x topk) the CUDA kernel stages per row in shared memory on ``device``; also opts the
     kernel in to that much dynamic shared memory there (once per device, never during a graph capture)."""
     return int(load().peerdcp_topk_merge_max_keys(device))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def ctas_per_row(rows: int, device: int) -> int:
+    """CTAs per row of a ``rows``-row merge on ``device``: ``TUNING["cuda_merge_ctas_per_row"]`` when set,
+    else as many as keep one wave of CTAs (SMs // rows), 1 to :data:`MAX_CTAS_PER_ROW`."""
+    forced = int(TUNING["cuda_merge_ctas_per_row"])
+    if forced > 0:
+        return forced
+    return max(1, min(MAX_CTAS_PER_ROW, _sm_count(device) // max(rows, 1)))
 
 
 def merge(
@@ -110,6 +131,7 @@ def merge(
         max_rows,
         mech,
         int(direct),
+        ctas_per_row(T, out.device.index if out.device.index is not None else torch.cuda.current_device()),
         stream,
     )
     if rc != 0:

@@ -4,7 +4,7 @@ Per geometry (Kimi-K2.5, 64 heads: 16 per rank at TP4, W <= 4, 8 at TP8 / DCP8; 
 per rank at TP4, 16 at TP8; D = 512, bf16, LSE base e) and T in 1..512, on W GPUs (default 2), in one run:
 
 * ``direct-{vmm,symm}-{cuda,cuda_plain,cuda_ll,triton}`` - peerdcp's producer-direct reducer: the CUDA
-  kernel with the default LL threshold (``TUNING["cuda_ll_max_tokens"]``), never LL, always LL, and the
+  kernel with the default LL threshold (``reducer.default_ll_max_tokens``), never LL, always LL, and the
   Triton twin (the table shows where LL stops paying, and which kernel should be the default);
 * ``a2a``, ``ag_rs`` - peerdcp's NCCL baselines;
 * ``sgl-a2a``, ``sgl-ag_rs`` - SGLang 0.5.23's own: ``dcp_pack_a2a_send`` + NCCL ``all_to_all_single`` +
@@ -71,8 +71,8 @@ N_SETS = 4
 # name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
 #        ll128_max_tokens (None: default)[, other TUNING overrides])
 KERNEL_VARIANTS = {
-    # the library default: LL <= 8, then the sentinel kernel (every CTA both to 16, 36-44 publisher CTAs with 1 / 2
-    # loads in flight above); PDL
+    # the library default: LL to 64 KiB per destination (T <= 4 at 16 heads), then the sentinel kernel (every
+    # CTA both to 16, 36-44 publisher CTAs with 1 / 2 loads in flight above); PDL
     "cuda": ("cuda", None, None, None),
     "cuda_nopdl": ("cuda", None, (), None),  # LL, then the plain kernel; no PDL
     "cuda_s8": ("cuda", None, ("pdl",), 48),  # the default of sessions 5-8: LL <= 8, LL128 (20, 48], plain; PDL
@@ -97,6 +97,7 @@ KERNEL_VARIANTS = {
     },
     "cuda_plain": ("cuda", 0, ("pdl",), 0),
     "cuda_ll": ("cuda", "max", None, None),
+    "cuda_no_ll": ("cuda", 0, None, None),  # the sentinel kernel from T = 1 (no LL range); W > 2 tuning
     "triton": ("triton", None, None, None),
 }
 # --breakdown: (column, stage mask of peerdcp.output.ops, TUNING["cuda_opts"]); mask None = the default build
@@ -301,7 +302,7 @@ def rank_breakdown(cfg: dict) -> list[dict]:
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     H, maxT = heads_per_rank("kimi", W), max(cfg["tokens"])
-    ll_default = R.TUNING["cuda_ll_max_tokens"]
+    ll_default = R.default_ll_max_tokens(H, HEAD_DIM, torch.bfloat16)
     wanted = [v for v in BREAKDOWN_VARIANTS if v[0] in cfg["variants"]]
     reducers: dict = {}  # (kernel, opts) -> OutputReducer
     errors: dict = {}

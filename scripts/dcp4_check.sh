@@ -4,9 +4,12 @@
 #   PART=1 (~300 s): the W-dependent Query tests (sentinel push first), the main job, and short benchmarks of the
 #          three mechanisms with their baselines in the same process;
 #   PART=2 (~330 s): the memory, Output and Top-K W-dependent tests;
-#   PART=3 (~300 s): the Query back-to-back eager test (200 calls; > 150 s at W = 4).
+#   PART=3 (~300 s): the Query back-to-back eager test (200 calls; 281 s at W = 4 in session 16, call 1);
+#   PART=4 (~250 s): the Top-K merge since session 16 (cut-offs, CTAs per row): its W-dependent tests and
+#          bench.topk's merge part with every CTA count; bench.output at T <= 32 with the LL range, without
+#          it and LL at every T (the W = 2 policy, LL to T = 8, is slow at T = 8 at W = 4).
 # Logs (and query.json) under $OUT, at most 8 files (the device returns no more).
-# Usage: WORLD=4 PART=1 bash scripts/dcp4_check.sh
+# Usage: WORLD=4 PART=1 bash scripts/dcp4_check.sh   (WORLD=2 runs the same on nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 W=${WORLD:-4}
@@ -35,6 +38,16 @@ case "${PART:-1}" in
     rm -f "${OUT:-out}"/*.png "${OUT:-out}"/run.json "${OUT:-out}"/output.json "${OUT:-out}"/topk.json
     for f in bench-query bench-output bench-topk; do echo "##### $f"; tail -n 14 "${OUT:-out}/$f.log"; done ;;
   2) stage 330 "tests-others:$(echo $OTHERS)" ;;
-  3) TT=290 stage 300 "tests-b2b:$Q::test_gpu_back_to_back_eager[cuda]" ;;
-  *) echo "PART must be 1, 2 or 3" >&2; exit 2 ;;
+  3) PYTEST_EXTRA=-rP TT=290 stage 300 "tests-b2b:$Q::test_gpu_back_to_back_eager[cuda]" ;;
+  4)
+    TK="$T::test_gpu_exact_selection_k2048[vmm-cuda] $T::test_gpu_exact_selection_small_k[vmm-cuda]
+     $T::test_gpu_cuda_graph_replays[1-direct-vmm-cuda] $T::test_gpu_cuda_graph_replays[64-direct-vmm-cuda]
+     $T::test_gpu_cuda_graph_replays[1-direct-symm-cuda] $T::test_gpu_back_to_back_without_barrier[vmm-cuda]
+     $T::test_gpu_missing_peer_times_out"
+    stage 150 "tests-topk:$(echo $TK)"
+    stage 60 "bench-topk:--world $W --no-indexer --breakdown --merge-ctas 1,2,4,8 --quick"
+    stage 90 "bench-output:--world $W --geometries kimi dsv32 --tokens 1 2 4 8 12 16 32 --modes graph --memories vmm --kernels cuda cuda_no_ll cuda_ll --baselines a2a --iters 20 --sglang-kernels .sglk/dcp_kernels.py"
+    rm -f "${OUT:-out}"/*.png
+    for f in bench-topk bench-output; do echo "##### $f"; tail -n 24 "${OUT:-out}/$f.log"; done ;;
+  *) echo "PART must be 1, 2, 3 or 4" >&2; exit 2 ;;
 esac

@@ -219,3 +219,17 @@ def test_inbox_layout_is_aligned_and_disjoint():
         assert L.nbytes >= L.sn_lse_off + 2 * W * T * H * 16  # two 64-bit LSE words per entry
     L = InboxLayout(2, 264, 256, 16, 512, 2, 8)
     assert L.nbytes == L.sn_off == L.sn_lse_off  # no sentinel region unless asked for
+
+
+def test_default_ll_range_follows_bytes_per_destination():
+    from unittest import mock
+
+    from peerdcp.output import reducer as R
+
+    with mock.patch.dict(R.TUNING, {"cuda_ll_max_tokens": 8, "cuda_ll_max_bytes": 65536}):
+        # 64 KiB per destination: 8 heads x 512 bf16 -> 8 tokens, 16 -> 4, 32 -> 2, 64 -> 1, 128 -> no LL
+        got = [R.default_ll_max_tokens(h, 512, torch.bfloat16) for h in (4, 8, 16, 32, 64, 128)]
+        assert got == [8, 8, 4, 2, 1, 0]
+        assert R.default_ll_max_tokens(16, 512, torch.float32) == 2  # element bytes count
+        assert R.default_ll_max_tokens(0, 512, torch.bfloat16) == 8  # bad geometry: the constructor reports it
+        assert R.default_ll_max_tokens(16, True, torch.bfloat16) == 8

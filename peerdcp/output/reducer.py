@@ -48,7 +48,7 @@ from ..memory import allocate, choose_memory
 from . import kernels as K
 from .reference import normalize_lse_base
 
-__all__ = ["OutputReducer", "BACKENDS", "KERNELS", "DIRECT_KERNEL_DEFAULT", "TUNING"]
+__all__ = ["OutputReducer", "BACKENDS", "KERNELS", "DIRECT_KERNEL_DEFAULT", "TUNING", "default_ll_max_tokens"]
 
 BACKENDS = ("auto", "direct", "a2a", "ag_rs")
 KERNELS = ("auto", "cuda", "triton")
@@ -65,7 +65,12 @@ TUNING = {
     "triton_unit_elems_gpu": 1024,  # elements per (token, head chunk) work unit, Triton on GPU
     "triton_unit_elems_cpu": 32,  # ... under the interpreter (tiny test shapes)
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
-    "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data)
+    "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data) ...
+    # ... while their slice per destination (T * heads * D * element bytes) is at most this; LL sends twice the
+    # bytes. Session 16 (W = 2, PDL, graph): at 16 heads x 512 bf16 LL was faster to T = 4 (3.70 vs 3.99 us) and
+    # slower at 8 (4.51 vs 4.30); at 32 heads faster to T = 2, slower at 4 (4.45 / 4.27) and 8 (5.96 / 4.66):
+    # LL wins up to 64 KiB per destination (bench/RESULTS.md, session 16).
+    "cuda_ll_max_bytes": 65536,
     # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
     # see csrc/output_direct.cu for the assumption it makes), larger T the next kernel; 0: off (the default).
     # Session 5 (Kimi, PDL, graph, bench/RESULTS.md): LL128 beat the plain kernel for 24 <= T <= 48 and was the
@@ -154,6 +159,18 @@ def _split_table_ok(table) -> bool:
     return True
 
 
+def default_ll_max_tokens(heads_per_rank: int, head_dim: int, dtype: torch.dtype) -> int:
+    """The CUDA kernel's default LL range (calls with ``T <=`` it use LL): ``TUNING["cuda_ll_max_tokens"]``, cut
+    so that a call's slice per destination, ``T * heads_per_rank * head_dim * element bytes``, stays within
+    ``TUNING["cuda_ll_max_bytes"]`` (16 heads x 512 bf16: 4 tokens; 32 heads: 2; 8 heads: 8). Arguments that
+    are not positive ints give the token bound alone (the constructor reports them)."""
+    cap = int(TUNING["cuda_ll_max_tokens"])
+    size = getattr(dtype, "itemsize", 2)
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (heads_per_rank, head_dim)):
+        return cap
+    return min(cap, int(TUNING["cuda_ll_max_bytes"]) // (heads_per_rank * head_dim * size))
+
+
 class OutputReducer:
     """LSE-weighted reduce of DCP partial attention outputs to each rank's own heads.
 
@@ -173,7 +190,7 @@ class OutputReducer:
         programs: grid size G of the direct kernel (default: from :data:`TUNING` and the occupancy).
         ll_max_tokens: CUDA kernel only: calls with ``T <= ll_max_tokens`` use the LL protocol (each 8-byte
             word carries 4 data bytes and the call's flag: no fence, no flag round trip, twice the bytes).
-            Default ``TUNING["cuda_ll_max_tokens"]``; 0 turns it off.
+            Default :func:`default_ll_max_tokens`; 0 turns it off.
         ll128_max_tokens: CUDA kernel only: calls with ``lo < T <= ll128_max_tokens`` use the LL128 protocol
             (flags inside 128-byte lines, as NCCL's LL128), ``lo = max(ll_max_tokens,
             TUNING["cuda_ll128_min_tokens"])``; other T the LL or plain protocol. Default
@@ -259,7 +276,7 @@ class OutputReducer:
             problems.append((ValueError, f"memory='host' holds CPU tensors; device must be cpu, got {dev}"))
         if backend == "direct" and info.world_size < 2:
             problems.append((ValueError, "backend='direct' needs a group of at least 2 ranks"))
-        ll = TUNING["cuda_ll_max_tokens"] if ll_max_tokens is None else ll_max_tokens
+        ll = default_ll_max_tokens(heads_per_rank, head_dim, dtype) if ll_max_tokens is None else ll_max_tokens
         cuda_opts = TUNING["cuda_opts"]
         if not isinstance(cuda_opts, (tuple, list, set, frozenset)) or not all(o in _CUDA_OPTS for o in cuda_opts):
             problems.append(

@@ -158,12 +158,23 @@ def gpu_cycles(memory: str, n: int, nbytes: int) -> dict:
     buf.close()
     torch.cuda.synchronize()
     free0 = torch.cuda.mem_get_info()[0]
+    reserved0 = torch.cuda.memory_reserved()
     fds0 = len(os.listdir(f"/proc/{os.getpid()}/fd"))
+    drops, last = [], free0  # (cycle, bytes) where free device memory fell: where any growth happened
     for i in range(n):
         buf = peerdcp.memory.allocate(nbytes, memory=memory)
         buf.view(buf.rank, (4,), torch.int32).fill_(i)
         buf.close()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        free = torch.cuda.mem_get_info()[0]
+        if free < last:
+            drops.append((i, last - free, torch.cuda.memory_reserved() - reserved0))
+        last = free
     free1 = torch.cuda.mem_get_info()[0]
     fds1 = len(os.listdir(f"/proc/{os.getpid()}/fd"))
-    return {"free_drop": free0 - free1, "fds": (fds0, fds1)}
+    return {
+        "free_drop": free0 - free1,
+        "fds": (fds0, fds1),
+        "drops": drops,  # (cycle, bytes, torch caching-allocator reserved growth by then)
+        "reserved_growth": torch.cuda.memory_reserved() - reserved0,
+    }

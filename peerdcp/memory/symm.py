@@ -51,10 +51,14 @@ def allocate_symm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuf
         nonlocal t, hdl
         torch.cuda.synchronize(dev)
         agree(info, None, "symm close (barrier)")
-        # The block returns to torch's symmetric-memory pool, which reuses it for the next allocation.
+        # Dropping the last references frees this rank's block and its mappings of the peers' blocks.
         t = hdl = None
         tensors.clear()
         buf._symm_handle = None
+        # A block is back with the driver only once every peer has dropped its mapping of it: wait for all, so
+        # that once close() returns on any rank the allocation is released everywhere. Without this wait a rank
+        # measured its next allocation with the last one still held by a slower peer (4 MiB, session 16).
+        agree(info, None, "symm close (released)")
 
     buf = PeerBuffer(
         info=info,

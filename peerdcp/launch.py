@@ -35,10 +35,11 @@ def _worker(rank: int, world: int, init_file: str, backend: str, env: dict, inq,
     import torch
     import torch.distributed as dist
 
-    if "OMP_NUM_THREADS" not in os.environ:
-        # W processes that each start one OpenMP thread per core oversubscribe the host W times over, and a
-        # small op then waits on descheduled threads at every parallel region (as torchrun, share the cores)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    # W processes that each start one OpenMP thread per core oversubscribe the host W times over, and a small
+    # op then waits on descheduled threads at every parallel region: share the cores (as torchrun does), unless
+    # OMP_NUM_THREADS says otherwise (applied here: torch may have been imported before `env` was set)
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else max(1, (os.cpu_count() or 1) // world))
     if backend != "gloo" and torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)

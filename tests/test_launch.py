@@ -55,3 +55,22 @@ def test_timed_out_call_breaks_the_pool():
     with pytest.raises(RankError, match="broken"):
         pool.run(_rank_of_pool)
     assert not any(p.is_alive() for p in pool._procs)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_workers_share_the_cores(world, monkeypatch):
+    """Each of W workers runs torch with cores // W threads (at least 1), so W processes do not oversubscribe
+    the host; an explicit OMP_NUM_THREADS is left to torch."""
+    import os
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with RankPool(world) as pool:
+        assert pool.run(_threads) == [max(1, (os.cpu_count() or 1) // world)] * world
+    with RankPool(world, env={"OMP_NUM_THREADS": "3"}) as pool:
+        assert pool.run(_threads) == [3] * world

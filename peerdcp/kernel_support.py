@@ -43,6 +43,7 @@ __all__ = [
     "ErrorWord",
     "spin_budget",
     "mechanism_code",
+    "num_sms",
 ]
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -55,6 +56,12 @@ def on_gpu(device: torch.device) -> bool:
 
 
 ON_GPU = on_gpu  # alias kept short for call sites
+
+
+@functools.cache
+def num_sms(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (asked once per device: launch-time grid rules use it)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit

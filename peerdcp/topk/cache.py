@@ -19,7 +19,6 @@ may have different ``seq_lens``.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import warnings
@@ -29,6 +28,7 @@ import triton
 
 from .._checks import is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
+from ..kernel_support import num_sms
 from . import reference as ref
 from .kernels import _logits_kernel, _write_kernel
 
@@ -278,11 +278,6 @@ TUNING = {
 }
 
 
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
     """Pages per program for ``T`` rows of ``pages`` pages each, from ``group`` x ``TUNING["scan_npages"]``.
 
@@ -384,7 +379,7 @@ def indexer_logits(
     pages = triton.cdiv(Lmax, P)
     if dev.type == "cuda":
         group = int(TUNING["scan_group"])
-        npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, _num_sms(dev.index), group)
+        npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, num_sms(dev.index), group)
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
     stages = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}

@@ -14,6 +14,7 @@ import functools
 import torch
 
 from ..jit import load as load_jit
+from ..kernel_support import num_sms
 
 __all__ = ["TUNING", "ctas_per_row", "load", "max_keys", "merge"]
 
@@ -67,18 +68,13 @@ def max_keys(device: int) -> int:
     return int(load().peerdcp_topk_merge_max_keys(device))
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def ctas_per_row(rows: int, device: int) -> int:
     """CTAs per row of a ``rows``-row merge on ``device``: ``TUNING["cuda_merge_ctas_per_row"]`` when set,
     else as many as keep one wave of CTAs (SMs // rows), 1 to :data:`MAX_CTAS_PER_ROW`."""
     forced = int(TUNING["cuda_merge_ctas_per_row"])
     if forced > 0:
         return forced
-    return max(1, min(MAX_CTAS_PER_ROW, _sm_count(device) // max(rows, 1)))
+    return max(1, min(MAX_CTAS_PER_ROW, num_sms(device) // max(rows, 1)))
 
 
 def merge(

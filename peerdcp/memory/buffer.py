@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._dist import GroupInfo, all_gather_object
+from .._dist import GroupInfo, agree, all_gather_object
 
 __all__ = ["PeerBuffer"]
 
@@ -100,12 +100,17 @@ class PeerBuffer:
 
     # --- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Collective and idempotent: every rank must call it. Unmaps peers, releases memory, closes fds."""
+        """Collective and idempotent: every rank must call it. Unmaps peers, releases memory, closes fds; returns
+        once every rank has done so."""
         teardown, self._teardown = self._teardown, None
         if teardown is None:
             return
         self._peer_bytes = []
         teardown()
+        # A rank's memory goes back to the system only when every peer has dropped its mapping of it too: wait
+        # for all, so that once close() returns on any rank the allocation is released everywhere. Without it a
+        # rank measured its next allocation with its last one still mapped by a slower peer (symm, 4 MiB, 2026-11-30).
+        agree(self._info, None, f"{self.memory} close (released)")
 
     def __enter__(self) -> PeerBuffer:
         return self

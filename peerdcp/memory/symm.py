@@ -54,11 +54,7 @@ def allocate_symm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuf
         # Dropping the last references frees this rank's block and its mappings of the peers' blocks.
         t = hdl = None
         tensors.clear()
-        buf._symm_handle = None
-        # A block is back with the driver only once every peer has dropped its mapping of it: wait for all, so
-        # that once close() returns on any rank the allocation is released everywhere. Without this wait a rank
-        # measured its next allocation with the last one still held by a slower peer (4 MiB, session 16).
-        agree(info, None, "symm close (released)")
+        buf._symm_handle = None  # (PeerBuffer.close then waits until every rank has released)
 
     buf = PeerBuffer(
         info=info,

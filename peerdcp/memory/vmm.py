@@ -212,9 +212,6 @@ def allocate_vmm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuff
             check(cu.cuMemUnmap(cu.CUdeviceptr(base + r * stride), stride), "cuMemUnmap")
         check(cu.cuMemAddressFree(cu.CUdeviceptr(base), W * stride), "cuMemAddressFree")
         va = None
-        # This rank's memory goes back to the driver only when every peer has unmapped it too: wait for all, so
-        # that once close() returns on any rank the whole allocation is released (not one peer's unmap later)
-        agree(info, None, "vmm close (released)")
 
     buf = PeerBuffer(
         info=info,

@@ -70,8 +70,8 @@ __device__ __forceinline__ int rank_of(const int64_t* sh, const int* n, int W, i
 __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams a) {
   extern __shared__ int64_t sh[];  // [W][K]
   __shared__ int ok_sh;
-  __shared__ int nvalid_sh[kMaxW];  // valid keys of list b, then (after the search) its cut-off c_b
-  __shared__ int lo_sh[kMaxW], hi_sh[kMaxW], hits_sh[kMaxW];
+  __shared__ int nvalid_sh[kMaxW];  // valid keys of list b
+  __shared__ int lo_sh[kMaxW], hi_sh[kMaxW], hits_sh[kMaxW];  // the cut-off search; after it lo_sh[b] = c_b
   const int t = blockIdx.x, s = blockIdx.y, S = gridDim.y, tid = threadIdx.x, W = a.W, K = a.K;
   int32_t* out = a.out + static_cast<int64_t>(t) * K;
   int slot = 0;

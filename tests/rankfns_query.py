@@ -400,19 +400,14 @@ def back_to_back(
             torch.cuda.synchronize()
         qg.check()
     t1 = time.perf_counter()
-    bad, cs_cpu, split = [], cs.cpu(), [0.0, 0.0, 0.0]  # seconds: inputs, reference, compare
+    bad, cs_cpu = [], cs.cpu()
     for i, ((T, exposed), out) in enumerate(zip(plan, kept)):
-        ta = time.perf_counter()
         nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0])
-        tb = time.perf_counter()
         ref = widened_query(nopes, pes, pos, cs_cpu, out_dtype=out_dtype, pad_heads_to=out.shape[1])
-        tc = time.perf_counter()
         if not torch.equal(out.cpu().view(torch.uint8), ref.view(torch.uint8)):
             bad.append((i, T, exposed))
-        split = [split[0] + tb - ta, split[1] + tc - tb, split[2] + time.perf_counter() - tc]
     info.update(calls=n_calls, bad=bad, tokens=sorted({T for T, _ in plan}), exposed=sum(e for _, e in plan))
     info.update(t_calls_s=t1 - t0, t_check_s=time.perf_counter() - t1, slowest_calls=sorted(per_call)[-4:])
-    info.update(t_check_split_s=split, threads=torch.get_num_threads())
     return info
 
 

@@ -15,6 +15,7 @@ import functools
 import torch
 
 from ..jit import load as load_jit
+from ..kernel_support import num_sms
 
 __all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct", "OPTS"]
 
@@ -244,7 +245,7 @@ def _set_breakdown_stages(reducer, stages: int) -> int:
     prev = launcher.stages
     if stages:
         per_sm = blocks_per_sm(reducer.world_size, reducer.dtype, reducer.device.index, stages=stages)
-        sms = torch.cuda.get_device_properties(reducer.device).multi_processor_count
+        sms = num_sms(reducer.device.index)
         if per_sm * sms < reducer.programs:
             raise ValueError(f"the instrumented kernel fits {per_sm} CTAs per SM: fewer than the reducer's grid")
     launcher._set_stages(stages)

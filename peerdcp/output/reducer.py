@@ -43,7 +43,7 @@ import triton
 from .._checks import resolve_device
 from .._dist import agree, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
-from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
+from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from ..memory import allocate, choose_memory
 from . import kernels as K
 from .reference import normalize_lse_base
@@ -377,7 +377,7 @@ class OutputReducer:
         mask = 0  # the CUDA kernel's variant bits (ops.OPTS), kept when the CUDA kernel is chosen
         try:
             if gpu:
-                sms = torch.cuda.get_device_properties(dev).multi_processor_count
+                sms = num_sms(dev.index)
                 want = DIRECT_KERNEL_DEFAULT if kernel == "auto" else kernel
                 cuda_ok = self.head_dim % 8 == 0 and W <= 8 and self.max_tokens * W * self.heads * self.head_dim < 2**34
                 if want == "cuda" and not cuda_ok:

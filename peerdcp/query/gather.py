@@ -34,7 +34,7 @@ from .. import memory as _memory
 from .._checks import is_int, resolve_device
 from .._dist import agree, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
-from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
+from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from . import kernels as K
 from .reference import ROPE_STYLES, widened_query
 
@@ -506,7 +506,7 @@ class QueryGather:
     def _setup_direct(self, num_programs: int | None, reasons: list[str]) -> None:
         info, dev, W, H = self._info, self.device, self.world_size, self.heads_per_rank
         if dev.type == "cuda":  # the SN call grid's floor, whoever sized the object's grid
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            sms = num_sms(dev.index)
             self._sn_floor = int(TUNING["cuda_sn_min_blocks_per_sm"] * sms)
         if num_programs is None:
             if dev.type == "cuda":

@@ -288,7 +288,8 @@ def timings(reps: int) -> dict:
 
 def _time(fn, reps: int) -> float:
     """Median microseconds per call (eager; slowest rank)."""
-    for _ in range(2):
+    # warm-up: builds and caches the GPU kernels; on CPU (the interpreter, nothing to build) one call checks the path
+    for _ in range(2 if torch.cuda.is_available() else 1):
         fn()
     _sync()
     samples = []

@@ -1,0 +1,117 @@
+"""The Top-K merge kernels' own work at W = 2, 4 and 8, on ONE GPU (no peers): what DCP4/DCP8 ask of them.
+
+    python3 scripts/diag/merge_scaling.py OUT_DIR [--worlds 2 4 8] [--rows 1 8 32 128 512] [--ctas 1 2 4 8]
+
+W sorted candidate lists of k = 2048 keys per row (every list full: the most work a merge can get) lie in local
+memory, and each variant merges them into the exact top-k: ``cuda`` - the CUDA merge with the library's
+CTAs-per-row rule (``peerdcp.topk.ops.ctas_per_row``), ``cN`` - forced to N CTAs per row, ``triton`` - the
+Triton merge, ``topk`` - ``torch.topk`` over the W·k gathered keys (the local half of the all-gather baseline).
+Every variant's ids are checked equal to ``topk``'s. On the real path the merge reads the peers' lists over
+NVLink and waits for their flags (bench/topk's ``merge_only`` at W GPUs); this measures the part that grows
+with W on one SM per row, which session 15 found slow at W = 4 (one CTA placing W·k keys). µs per call: CUDA
+graph, 20 calls per replay, median of 50 replays. A diagnosis tool, not a claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+K = 2048
+
+
+def _lists(W: int, T: int, gen: torch.Generator) -> torch.Tensor:
+    """``[W, T, K]`` int64 canonical keys, unique, each row sorted descending (no -1 tail)."""
+    N = W * T * K
+    keys = (torch.randint(0, 1 << 31, (N,), generator=gen) << 31) | torch.randperm(N, generator=gen)
+    return keys.view(W, T, K).sort(dim=2, descending=True).values
+
+
+def _time(fn, calls: int = 20, iters: int = 50) -> float:
+    for _ in range(2):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        torch.cuda._sleep(100_000)  # the replay is enqueued before it runs (see bench.common.time_op)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    from peerdcp.topk import ops
+    from peerdcp.topk.selector import _merge_lists
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128, 512])
+    ap.add_argument("--ctas", type=int, nargs="+", default=[1, 2, 4, 8])
+    a = ap.parse_args()
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    assert ops.max_keys(dev.index) >= max(a.worlds) * K  # also opts the kernel in to the shared memory it needs
+    rows = []
+    for W in a.worlds:
+        for T in a.rows:
+            gen = torch.Generator().manual_seed(100 * W + T)
+            sets = [_lists(W, T, gen).to(dev) for _ in range(2)]
+            cands = [s.permute(1, 0, 2).reshape(T, W * K).contiguous() for s in sets]
+            outs = [torch.empty(T, K, dtype=torch.int32, device=dev) for _ in range(2)]
+            expect = [0x7FFFFFFF - (torch.topk(c, K, dim=1).values & 0x7FFFFFFF) for c in cands]
+
+            def merge(impl: str, ctas: int | None, i: int) -> None:
+                if ctas is None:
+                    _merge_lists(outs[i % 2], sets[i % 2], W, K, impl)
+                else:
+                    with mock.patch.dict(ops.TUNING, {"cuda_merge_ctas_per_row": ctas}):
+                        _merge_lists(outs[i % 2], sets[i % 2], W, K, impl)
+
+            variants = {"cuda": ("cuda", None), **{f"c{c}": ("cuda", c) for c in a.ctas}, "triton": ("triton", None)}
+            row = {"W": W, "rows": T, "rule_ctas": ops.ctas_per_row(T, dev.index), "same": True}
+            for name, (impl, ctas) in variants.items():
+                for i in range(2):
+                    outs[i].fill_(12345)  # poisoned: each variant must write every entry
+                    merge(impl, ctas, i)
+                    row["same"] &= bool(torch.equal(outs[i].long(), expect[i]))
+                row[name] = _time(lambda i, impl=impl, ctas=ctas: merge(impl, ctas, i))
+            row["topk"] = _time(lambda i: torch.topk(cands[i % 2], K, dim=1))
+            row["topk/cuda"] = row["topk"] / row["cuda"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "merge_scaling.json").write_text(json.dumps(rows, indent=1))
+    cols = ["W", "rows", "rule_ctas", "cuda"] + [f"c{c}" for c in a.ctas] + ["triton", "topk", "topk/cuda", "same"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---:|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()

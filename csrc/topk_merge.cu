@@ -6,7 +6,13 @@
 // position of key x = list_a[j] is j + sum_{b != a} #{y in list_b : y > x} (keys are unique over all lists,
 // every list is sorted descending with a -1 tail), found by binary searches in shared memory.
 //
-// Only the K keys that reach the output are placed. The rank of list_a[j] grows with j, so list a
+// Place-all mode (`place_all`, few rows: the host's `ops.grid` gives it when one wave of CTAs leaves every thread
+// at most two of the row's W x K keys): CTA s places keys s*kThreads + tid, s*kThreads + tid + S*kThreads, ... of
+// the W x K slots, each key's searches stopping once its rank reaches K; no cut-off search. One row on one H200
+// (session 17): 7.1 -> 4.0 us at W = 2, 22.3 -> 10.8 us at W = 8, where the cut-off search below, repeated by every
+// CTA of the row, cost most of the time.
+//
+// Cut-off mode: only the K keys that reach the output are placed. The rank of list_a[j] grows with j, so list a
 // contributes its first c_a keys, c_a = #{j : rank(list_a[j]) < K}; every CTA finds the W cut-offs by a
 // parallel (kThreads / W)-ary search (two or three rounds), then its CTAs split the M = sum_a c_a = min(N, K)
 // surviving keys between them. A surviving key's searches stop at c_b (a key above it in list b also
@@ -44,6 +50,7 @@ struct MergeParams {
   int64_t* err;            // int64[8] error word (pinned host memory)
   int64_t timeout_ns;
   int rank, W, K, max_rows, mech, direct;
+  int place_all;           // 1: no cut-off search; the row's CTAs place every valid key whose rank is < K
 };
 
 __device__ __forceinline__ int count_greater(const int64_t* list, int n, int64_t x) {
@@ -120,6 +127,21 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
     hits_sh[tid] = 0;
   }
   __syncthreads();
+  if (a.place_all) {
+    // ---- many CTAs per row (few rows): each places its share of all W x K slots' valid keys, the searches
+    // stopping once a rank reaches K, instead of every CTA repeating the cut-off search
+    int N = 0;
+    for (int b = 0; b < W; ++b) N += nvalid_sh[b];
+    for (int f = s * kThreads + tid; f < W * K; f += S * kThreads) {
+      const int list = f / K, j = f - list * K;
+      if (j >= nvalid_sh[list]) continue;
+      const int64_t x = sh[f];
+      const int pos = rank_of(sh, nvalid_sh, W, K, list, j, x);
+      if (pos < K) out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
+    }
+    for (int i = (N < K ? N : K) + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
+    return;
+  }
   // ---- cut-offs: c_a in [lo_a, hi_a]; each round the L lanes of list a test L evenly spaced j
   // (pred(j) = rank(list_a[j]) < K is true then false), hits = how many were true
   const int L = kThreads / W, my = tid / L, lane = tid - my * L;
@@ -162,7 +184,7 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
                                   const int64_t* lists, int64_t slot_stride, int64_t list_stride,
                                   int64_t row_stride, int list_len, const int64_t* flags, int64_t* state, void* err,
                                   int64_t timeout_ns, int rank, int W, int K, int T, int max_rows, int mech,
-                                  int direct, int ctas_per_row, cudaStream_t stream) {
+                                  int direct, int ctas_per_row, int place_all, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || K < 1 || T < 0 || ctas_per_row < 1 || ctas_per_row > 65535)
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
@@ -171,7 +193,7 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
   a.lists = lists, a.slot_stride = slot_stride, a.list_stride = list_stride, a.row_stride = row_stride;
   a.list_len = list_len, a.flags = flags, a.state = state, a.err = static_cast<int64_t*>(err);
   a.timeout_ns = timeout_ns, a.rank = rank, a.W = W, a.K = K, a.max_rows = max_rows, a.mech = mech;
-  a.direct = direct;
+  a.direct = direct, a.place_all = place_all;
   // More than 48 KiB of dynamic shared memory needs the opt-in that peerdcp_topk_merge_max_keys made for
   // this device (it is not done here: a CUDA graph may be capturing this launch).
   const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);

@@ -47,12 +47,17 @@ def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
     # also opts the kernel in to the device's shared memory; every sm_90 GPU holds W = 8 lists of k = 2048
     assert ops.max_keys(dev.index) >= 8 * 2048
     gen = torch.Generator().manual_seed(1000 * W + k)
-    for T in (1, 5, 70, 300):  # the rule gives 4, 4, 1, 1 CTAs per row on 132 SMs
+    for T in (1, 5, 70, 300):  # on 132 SMs the rule places all keys at T = 1 and 5 (k = 2048: W <= 8 and 4)
         lists = _lists(W, T, k, k, gen)
         expect = _expect(lists, k)
-        for ctas in (0, 1, 2, 3, 4, 8):  # 0: the rule
+        tunings = [{}]  # the rule
+        tunings += [{"cuda_merge_ctas_per_row": c} for c in (1, 2, 3, 4, 8)]  # cut-off mode
+        tunings += [{"cuda_merge_place_all_ctas": c} for c in (1, 3, 8, 32, 64)]  # place-all mode
+        for tuning in tunings:
             out = torch.full((T, k), 12345, dtype=torch.int32, device=dev)  # poisoned
-            with mock.patch.dict(ops.TUNING, {"cuda_merge_ctas_per_row": ctas}):
+            with mock.patch.dict(ops.TUNING, tuning):
+                if tuning:
+                    assert ops.grid(T, W, k, dev.index) == (next(iter(tuning.values())), "place" in next(iter(tuning)))
                 _merge_lists(out, lists.to(dev), W, k, "cuda")
             torch.cuda.synchronize()
-            assert torch.equal(out.cpu(), expect), (W, k, T, ctas)
+            assert torch.equal(out.cpu(), expect), (W, k, T, tuning)

@@ -16,13 +16,16 @@ import torch
 from ..jit import load as load_jit
 from ..kernel_support import num_sms
 
-__all__ = ["TUNING", "ctas_per_row", "load", "max_keys", "merge"]
+__all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge"]
 
-#: ``cuda_merge_ctas_per_row``: CTAs that share one row's merge (0: the rule of :func:`ctas_per_row`).
-TUNING = {"cuda_merge_ctas_per_row": 0}
-#: most CTAs per row the rule gives: every CTA stages all W lists of its row and finds the W cut-offs itself,
+#: ``cuda_merge_ctas_per_row``: N > 0 forces the cut-off mode with N CTAs per row; ``cuda_merge_place_all_ctas``:
+#: N > 0 forces the place-all mode with N CTAs per row, -1 never picks it. Both 0: the rule of :func:`grid`.
+TUNING = {"cuda_merge_ctas_per_row": 0, "cuda_merge_place_all_ctas": 0}
+#: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
 #: so past a few CTAs the shared placement work no longer pays for the repeated staging
 MAX_CTAS_PER_ROW = 4
+#: threads of a merge CTA (``kThreads`` in csrc/topk_merge.cu)
+THREADS = 512
 
 _i64, _i32, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 
@@ -54,6 +57,7 @@ def load() -> ctypes.CDLL:
         _i32,
         _i32,  # rank, W, K, T, max_rows, mech, direct
         _i32,  # ctas_per_row
+        _i32,  # place_all
         _vp,  # stream
     ]
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
@@ -69,12 +73,30 @@ def max_keys(device: int) -> int:
 
 
 def ctas_per_row(rows: int, device: int) -> int:
-    """CTAs per row of a ``rows``-row merge on ``device``: ``TUNING["cuda_merge_ctas_per_row"]`` when set,
-    else as many as keep one wave of CTAs (SMs // rows), 1 to :data:`MAX_CTAS_PER_ROW`."""
-    forced = int(TUNING["cuda_merge_ctas_per_row"])
-    if forced > 0:
-        return forced
+    """CTAs per row of the cut-off mode for a ``rows``-row merge on ``device``: as many as keep one wave of CTAs
+    (SMs // rows), 1 to :data:`MAX_CTAS_PER_ROW`."""
     return max(1, min(MAX_CTAS_PER_ROW, num_sms(device) // max(rows, 1)))
+
+
+def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
+    """(CTAs per row, place_all) of the CUDA merge of ``rows`` rows of ``world_size`` lists of ``topk`` keys.
+
+    Place-all mode (1) when one wave of CTAs can give every thread at most two of the row's W·k keys: N =
+    min(ceil(W·k / THREADS), SMs // rows) CTAs per row, each staging the lists and placing its share of keys,
+    no cut-off search. Otherwise the cut-off mode (0) with :func:`ctas_per_row` CTAs. Measured on one H200
+    (session 17, ``scripts/diag/merge_scaling.py``, local lists, k = 2048): one row 7.1 -> 4.0 µs at W = 2,
+    12.5 -> 6.3 at W = 4, 22.3 -> 10.8 at W = 8; at four keys per thread (W = 8, 16 rows) the cut-off mode wins.
+    """
+    forced, forced_pa = int(TUNING["cuda_merge_ctas_per_row"]), int(TUNING["cuda_merge_place_all_ctas"])
+    if forced > 0:
+        return forced, 0
+    if forced_pa > 0:
+        return forced_pa, 1
+    full = -(-world_size * topk // THREADS)  # CTAs that give every thread one key
+    avail = num_sms(device) // max(rows, 1)
+    if forced_pa == 0 and 2 * avail >= full:
+        return max(1, min(full, avail)), 1
+    return ctas_per_row(rows, device), 0
 
 
 def merge(
@@ -127,7 +149,7 @@ def merge(
         max_rows,
         mech,
         int(direct),
-        ctas_per_row(T, out.device.index if out.device.index is not None else torch.cuda.current_device()),
+        *grid(T, world_size, topk, out.device.index if out.device.index is not None else torch.cuda.current_device()),
         stream,
     )
     if rc != 0:

@@ -4,7 +4,8 @@
 
 W sorted candidate lists of k = 2048 keys per row (every list full: the most work a merge can get) lie in local
 memory, and each variant merges them into the exact top-k: ``cuda`` - the CUDA merge with the library's
-CTAs-per-row rule (``peerdcp.topk.ops.ctas_per_row``), ``cN`` - forced to N CTAs per row, ``triton`` - the
+rule (``peerdcp.topk.ops.grid``; ``rule`` pN: place-all mode, cN: cut-off mode, N CTAs per row), ``cN`` - the
+cut-off mode forced to N CTAs per row, ``pN`` (``--place-all N ...``) - the place-all mode with N, ``triton`` - the
 Triton merge, ``topk`` - ``torch.topk`` over the W·k gathered keys (the local half of the all-gather baseline).
 Every variant's ids are checked equal to ``topk``'s. On the real path the merge reads the peers' lists over
 NVLink and waits for their flags (bench/topk's ``merge_only`` at W GPUs); this measures the part that grows
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     ap.add_argument("--ctas", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--place-all", type=int, nargs="*", default=[], help="place_all variants pN: N CTAs per row")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -85,32 +87,36 @@ def main() -> None:
             outs = [torch.empty(T, K, dtype=torch.int32, device=dev) for _ in range(2)]
             expect = [0x7FFFFFFF - (torch.topk(c, K, dim=1).values & 0x7FFFFFFF) for c in cands]
 
-            def merge(impl: str, ctas: int | None, i: int) -> None:
-                if ctas is None:
+            def merge(impl: str, tuning: dict | None, i: int) -> None:
+                with mock.patch.dict(ops.TUNING, tuning or {}):
                     _merge_lists(outs[i % 2], sets[i % 2], W, K, impl)
-                else:
-                    with mock.patch.dict(ops.TUNING, {"cuda_merge_ctas_per_row": ctas}):
-                        _merge_lists(outs[i % 2], sets[i % 2], W, K, impl)
 
-            variants = {"cuda": ("cuda", None), **{f"c{c}": ("cuda", c) for c in a.ctas}, "triton": ("triton", None)}
-            row = {"W": W, "rows": T, "rule_ctas": ops.ctas_per_row(T, dev.index), "same": True}
-            for name, (impl, ctas) in variants.items():
+            variants = {"cuda": ("cuda", None), **{f"c{c}": ("cuda", {"cuda_merge_ctas_per_row": c}) for c in a.ctas}}
+            for c in a.place_all:  # one wave only (rows * c <= SMs)
+                if T * c <= torch.cuda.get_device_properties(dev).multi_processor_count:
+                    variants[f"p{c}"] = ("cuda", {"cuda_merge_place_all_ctas": c})
+            variants["triton"] = ("triton", None)
+            ctas, place_all = ops.grid(T, W, K, dev.index)
+            row = {"W": W, "rows": T, "rule": f"{'p' if place_all else 'c'}{ctas}", "same": True}
+            for name, (impl, tuning) in variants.items():
                 for i in range(2):
                     outs[i].fill_(12345)  # poisoned: each variant must write every entry
-                    merge(impl, ctas, i)
+                    merge(impl, tuning, i)
                     row["same"] &= bool(torch.equal(outs[i].long(), expect[i]))
-                row[name] = _time(lambda i, impl=impl, ctas=ctas: merge(impl, ctas, i))
+                row[name] = _time(lambda i, impl=impl, tuning=tuning: merge(impl, tuning, i))
             row["topk"] = _time(lambda i: torch.topk(cands[i % 2], K, dim=1))
             row["topk/cuda"] = row["topk"] / row["cuda"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "merge_scaling.json").write_text(json.dumps(rows, indent=1))
-    cols = ["W", "rows", "rule_ctas", "cuda"] + [f"c{c}" for c in a.ctas] + ["triton", "topk", "topk/cuda", "same"]
+    cols = ["W", "rows", "rule", "cuda"] + [f"c{c}" for c in a.ctas] + [f"p{c}" for c in a.place_all]
+    cols += ["triton", "topk", "topk/cuda", "same"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---:|" * len(cols))
     for r in rows:
-        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        cells = [r.get(c, "-") for c in cols]
+        print("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in cells) + " |")
 
 
 if __name__ == "__main__":

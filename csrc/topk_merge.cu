@@ -6,8 +6,8 @@
 // position of key x = list_a[j] is j + sum_{b != a} #{y in list_b : y > x} (keys are unique over all lists,
 // every list is sorted descending with a -1 tail), found by binary searches in shared memory.
 //
-// Place-all mode (`place_all`, few rows: the host's `ops.grid` gives it when one wave of CTAs leaves every thread
-// at most two of the row's W x K keys): CTA s places keys s*kThreads + tid, s*kThreads + tid + S*kThreads, ... of
+// Place-all mode (`place_all`, few rows: the host's `ops.grid` gives it when the CTAs that fit at once leave every
+// thread at most two of the row's W x K keys): CTA s places keys s*kThreads + tid, s*kThreads + tid + S*kThreads, ... of
 // the W x K slots, each key's searches stopping once its rank reaches K; no cut-off search. One row on one H200
 // (session 17): 7.1 -> 4.0 us at W = 2, 22.3 -> 10.8 us at W = 8, where the cut-off search below, repeated by every
 // CTA of the row, cost most of the time.

@@ -81,11 +81,13 @@ def ctas_per_row(rows: int, device: int) -> int:
 def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     """(CTAs per row, place_all) of the CUDA merge of ``rows`` rows of ``world_size`` lists of ``topk`` keys.
 
-    Place-all mode (1) when one wave of CTAs can give every thread at most two of the row's W·k keys: N =
-    min(ceil(W·k / THREADS), SMs // rows) CTAs per row, each staging the lists and placing its share of keys,
-    no cut-off search. Otherwise the cut-off mode (0) with :func:`ctas_per_row` CTAs. Measured on one H200
-    (session 17, ``scripts/diag/merge_scaling.py``, local lists, k = 2048): one row 7.1 -> 4.0 µs at W = 2,
-    12.5 -> 6.3 at W = 4, 22.3 -> 10.8 at W = 8; at four keys per thread (W = 8, 16 rows) the cut-off mode wins.
+    Place-all mode (1) when the CTAs that fit at once, up to two per SM (one when a CTA's W·k keys take over half
+    an SM's shared memory), can give every thread at most two of the row's W·k keys: N = min(ceil(W·k /
+    THREADS), fit // rows) CTAs per row, each staging the lists and placing its share of keys, no cut-off search.
+    Otherwise the cut-off mode (0) with :func:`ctas_per_row` CTAs. Measured on one H200 (session 17,
+    ``scripts/diag/merge_scaling.py``, local lists, k = 2048): one row 7.1 -> 4.0 µs at W = 2, 12.5 -> 6.3 at
+    W = 4, 22.3 -> 10.8 at W = 8; W = 2 × 64 rows 8.3 -> 6.2 (two CTAs per SM); at four keys per thread in one
+    wave (W = 8, 16 rows) and at 256 CTAs of eight keys per thread (W = 4, 128 rows) the cut-off mode wins.
     """
     forced, forced_pa = int(TUNING["cuda_merge_ctas_per_row"]), int(TUNING["cuda_merge_place_all_ctas"])
     if forced > 0:
@@ -93,7 +95,8 @@ def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     if forced_pa > 0:
         return forced_pa, 1
     full = -(-world_size * topk // THREADS)  # CTAs that give every thread one key
-    avail = num_sms(device) // max(rows, 1)
+    per_sm = max(1, min(2, max_keys(device) // (world_size * topk)))  # CTAs an SM holds at once (shared memory)
+    avail = per_sm * num_sms(device) // max(rows, 1)
     if forced_pa == 0 and 2 * avail >= full:
         return max(1, min(full, avail)), 1
     return ctas_per_row(rows, device), 0

@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     ap.add_argument("--ctas", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--place-all", type=int, nargs="*", default=[], help="place_all variants pN: N CTAs per row")
+    ap.add_argument("--waves", type=int, default=1, help="pN only where rows * N <= waves * SMs")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -92,8 +93,8 @@ def main() -> None:
                     _merge_lists(outs[i % 2], sets[i % 2], W, K, impl)
 
             variants = {"cuda": ("cuda", None), **{f"c{c}": ("cuda", {"cuda_merge_ctas_per_row": c}) for c in a.ctas}}
-            for c in a.place_all:  # one wave only (rows * c <= SMs)
-                if T * c <= torch.cuda.get_device_properties(dev).multi_processor_count:
+            for c in a.place_all:  # at most --waves CTAs per SM (rows * c <= waves * SMs)
+                if T * c <= a.waves * torch.cuda.get_device_properties(dev).multi_processor_count:
                     variants[f"p{c}"] = ("cuda", {"cuda_merge_place_all_ctas": c})
             variants["triton"] = ("triton", None)
             ctas, place_all = ops.grid(T, W, K, dev.index)

@@ -47,7 +47,7 @@ def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
     # also opts the kernel in to the device's shared memory; every sm_90 GPU holds W = 8 lists of k = 2048
     assert ops.max_keys(dev.index) >= 8 * 2048
     gen = torch.Generator().manual_seed(1000 * W + k)
-    for T in (1, 5, 70, 300):  # on 132 SMs the rule places all keys at T = 1 and 5 (k = 2048: W <= 8 and 4)
+    for T in (1, 5, 70, 300):  # the rule: place-all at T = 1 (every W and k), the cut-off mode at T = 300
         lists = _lists(W, T, k, k, gen)
         expect = _expect(lists, k)
         tunings = [{}]  # the rule
@@ -58,6 +58,8 @@ def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
             with mock.patch.dict(ops.TUNING, tuning):
                 if tuning:
                     assert ops.grid(T, W, k, dev.index) == (next(iter(tuning.values())), "place" in next(iter(tuning)))
+                elif T in (1, 300):
+                    assert ops.grid(T, W, k, dev.index)[1] == (T == 1), (W, k, T)
                 _merge_lists(out, lists.to(dev), W, k, "cuda")
             torch.cuda.synchronize()
             assert torch.equal(out.cpu(), expect), (W, k, T, tuning)

@@ -36,38 +36,14 @@ def _lists(W: int, T: int, gen: torch.Generator) -> torch.Tensor:
     return keys.view(W, T, K).sort(dim=2, descending=True).values
 
 
-def _time(fn, calls: int = 20, iters: int = 50) -> float:
-    for _ in range(2):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        torch.cuda._sleep(100_000)  # the replay is enqueued before it runs (see bench.common.time_op)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+def _time(fn) -> float:
+    """µs per call: median over the replays of bench.common.time_op (CUDA graph of 20 calls, 50 replays)."""
+    from bench.common import time_op
+
+    return statistics.median(time_op(fn, calls=20, iters=50))
 
 
 def main() -> None:
-    from peerdcp.topk import ops
-    from peerdcp.topk.selector import _merge_lists
-
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
@@ -76,8 +52,26 @@ def main() -> None:
     ap.add_argument("--place-all", type=int, nargs="*", default=[], help="place_all variants pN: N CTAs per row")
     ap.add_argument("--waves", type=int, default=1, help="pN only where rows * N <= waves * SMs")
     a = ap.parse_args()
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
+    from bench.common import run_ranks
+
+    rows = run_ranks("scripts.diag.merge_scaling:rank_main", 1, vars(a))[0]  # one GPU, its own process group
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "merge_scaling.json").write_text(json.dumps(rows, indent=1))
+    cols = ["W", "rows", "rule", "cuda"] + [f"c{c}" for c in a.ctas] + [f"p{c}" for c in a.place_all]
+    cols += ["triton", "topk", "topk/cuda", "same"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---:|" * len(cols))
+    for r in rows:
+        cells = [r.get(c, "-") for c in cols]
+        print("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in cells) + " |")
+
+
+def rank_main(args: dict) -> list[dict]:
+    from peerdcp.topk import ops
+    from peerdcp.topk.selector import _merge_lists
+
+    a = argparse.Namespace(**args)
+    dev = torch.device("cuda", torch.cuda.current_device())
     assert ops.max_keys(dev.index) >= max(a.worlds) * K  # also opts the kernel in to the shared memory it needs
     rows = []
     for W in a.worlds:
@@ -94,7 +88,7 @@ def main() -> None:
 
             variants = {"cuda": ("cuda", None), **{f"c{c}": ("cuda", {"cuda_merge_ctas_per_row": c}) for c in a.ctas}}
             for c in a.place_all:  # at most --waves CTAs per SM (rows * c <= waves * SMs)
-                if T * c <= a.waves * torch.cuda.get_device_properties(dev).multi_processor_count:
+                if T * c <= a.waves * ops.num_sms(dev.index):
                     variants[f"p{c}"] = ("cuda", {"cuda_merge_place_all_ctas": c})
             variants["triton"] = ("triton", None)
             ctas, place_all = ops.grid(T, W, K, dev.index)
@@ -109,15 +103,7 @@ def main() -> None:
             row["topk/cuda"] = row["topk"] / row["cuda"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "merge_scaling.json").write_text(json.dumps(rows, indent=1))
-    cols = ["W", "rows", "rule", "cuda"] + [f"c{c}" for c in a.ctas] + [f"p{c}" for c in a.place_all]
-    cols += ["triton", "topk", "topk/cuda", "same"]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---:|" * len(cols))
-    for r in rows:
-        cells = [r.get(c, "-") for c in cols]
-        print("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in cells) + " |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
   extern __shared__ int64_t sh[];  // [W][K]
   __shared__ int ok_sh;
   __shared__ int nvalid_sh[kMaxW];  // valid keys of list b
-  __shared__ int lo_sh[kMaxW], hi_sh[kMaxW], hits_sh[kMaxW];  // the cut-off search; after it lo_sh[b] = c_b (or N_b)
+  __shared__ int lo_sh[kMaxW], hi_sh[kMaxW], hits_sh[kMaxW];  // the cut-off search; after it lo_sh[b] = c_b
   const int t = blockIdx.x, s = blockIdx.y, S = gridDim.y, tid = threadIdx.x, W = a.W, K = a.K;
   int32_t* out = a.out + static_cast<int64_t>(t) * K;
   int slot = 0;
@@ -122,15 +122,30 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
   if (tid < W) {
     const int n = count_greater(sh + tid * K, K, -1);  // keys are >= 1, the tail -1
     nvalid_sh[tid] = n;
-    lo_sh[tid] = a.place_all ? n : 0;  // place-all: every valid key is a candidate, nothing to search
+    lo_sh[tid] = 0;
     hi_sh[tid] = n;
     hits_sh[tid] = 0;
   }
   __syncthreads();
+  if (a.place_all) {
+    // ---- many CTAs per row (few rows): each places its share of all W x K slots' valid keys, the searches
+    // stopping once a rank reaches K, instead of every CTA repeating the cut-off search
+    int N = 0;
+    for (int b = 0; b < W; ++b) N += nvalid_sh[b];
+    for (int f = s * kThreads + tid; f < W * K; f += S * kThreads) {
+      const int list = f / K, j = f - list * K;
+      if (j >= nvalid_sh[list]) continue;
+      const int64_t x = sh[f];
+      const int pos = rank_of(sh, nvalid_sh, W, K, list, j, x);
+      if (pos < K) out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
+    }
+    for (int i = (N < K ? N : K) + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
+    return;
+  }
   // ---- cut-offs: c_a in [lo_a, hi_a]; each round the L lanes of list a test L evenly spaced j
   // (pred(j) = rank(list_a[j]) < K is true then false), hits = how many were true
   const int L = kThreads / W, my = tid / L, lane = tid - my * L;
-  bool more = !a.place_all;
+  bool more = true;
   while (__syncthreads_or(more)) {
     int lo = 0, hi = 0, step = 1;
     if (my < W) {
@@ -149,8 +164,7 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
     __syncthreads();
     more = my < W && lo_sh[my] < hi_sh[my];
   }
-  // ---- place the first lo_sh[b] keys of every list b (cut-off mode: the M = min(N, K) survivors, each lands below
-  // K; place-all: every valid key, those ranked >= K dropped), CTA s taking every S-th group of kThreads
+  // ---- place the M surviving keys (positions 0..M-1), CTA s taking every S-th group of kThreads
   int M = 0;
   for (int b = 0; b < W; ++b) M += lo_sh[b];
   for (int f = s * kThreads + tid; f < M; f += S * kThreads) {
@@ -158,10 +172,10 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
     while (j >= lo_sh[list]) j -= lo_sh[list++];
     const int64_t x = sh[list * K + j];
     const int pos = rank_of(sh, lo_sh, W, K, list, j, x);
-    if (pos < K) out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
+    out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));
   }
   // ---- positions no valid key reaches
-  for (int i = (M < K ? M : K) + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
+  for (int i = M + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
 }
 
 }  // namespace

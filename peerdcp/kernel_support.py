@@ -12,6 +12,9 @@ memory (real processes, real protocol). Every GPU-only instruction lives here be
 * :func:`wait_equal` - bounded acquire poll: ``%globaltimer`` deadline on GPU, a spin budget in the
   interpreter (calibrated to the same ``timeout_s``). On expiry it records (rank, peer, mechanism,
   epoch) in the error word and returns 0 instead of hanging or trapping.
+* :func:`grid_dependency_sync` - programmatic dependent launch (PDL, sm_90+): let the next kernel on the
+  stream start launching, then wait until the previous kernel finished and its stores are visible. A kernel
+  launched with PDL calls it before its first memory access; nothing is done when ``PDL`` is 0.
 * :data:`LOAD_BYPASS_L1` - cache modifier for inbox loads after an acquire (``.cg``: L2, never L1,
   so no stale line from an earlier use of the same slot is read).
 
@@ -44,6 +47,7 @@ __all__ = [
     "spin_budget",
     "mechanism_code",
     "num_sms",
+    "grid_dependency_sync",
 ]
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -68,6 +72,21 @@ def num_sms(index: int) -> int:
 def fence_system(GPU: tl.constexpr):
     if GPU:
         tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def grid_dependency_sync(PDL: tl.constexpr):
+    """PDL = 1: wait for the previous kernel (``griddepcontrol.wait``); PDL = 2: first allow the next kernel
+    to launch (``griddepcontrol.launch_dependents``), then wait. 0: nothing (non-PDL launches, interpreter).
+
+    Triggering first is safe: the dependents launch once *every* program of this grid has triggered (so only
+    into slots our last wave leaves free), and a dependent reads nothing before its own wait, which returns
+    only after this whole grid completed and flushed its stores.
+    """
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    if PDL >= 1:
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit

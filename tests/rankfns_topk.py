@@ -589,3 +589,74 @@ def graph_exactness(
             digests.append(digest(outs[0]) + digest(outs[1]))
         tk.check()
         return {"ok": ok, "digests": digests, "backend": tk.backend, "memory": tk.memory, "merge_impl": tk.merge_impl}
+
+
+def scoring_pdl(seed: int, calls: int = 6) -> dict:
+    """The scoring kernel launched with programmatic dependent launch (``TUNING["scan_pdl"]`` 1 and 2) against
+    the same kernel without it, bit for bit: eager, and in one CUDA graph where the calls run back to back (each
+    PDL call may start while the previous one drains) with a cache write between two of them (the later calls
+    must see the token it adds). Outputs are poisoned (NaN) before each replay."""
+    from unittest import mock
+
+    from peerdcp.topk import cache as cache_mod
+
+    dev = _device("cuda")
+    W, r = dist.get_world_size(), dist.get_rank()
+    c = peerdcp.IndexKCache(capacity_tokens=1 << 15, layout="owner_sharded", device=dev)
+    S = 20000  # tokens already cached; one more is written in the middle of the chain
+    kk, ksc = random_keys(S + 1, 128, seed)
+    c.write(torch.arange(S, device=dev), kk[:S].to(dev), ksc[:S].to(dev))
+    T, H = 8, 64
+    g = _gen(seed + 1)
+    qs = [(torch.randn(T, H, 128, generator=g) * 2).to(torch.float8_e4m3fn).to(dev) for _ in range(calls)]
+    w = (torch.randn(T, H, generator=g) * 0.02).to(dev)
+    npg = -(-ref.local_length(S + 1, 0, W, 1) // c.page_size)
+    table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
+    lens = torch.full((T,), S + 1, dtype=torch.int64, device=dev)
+    mid = calls // 2
+    new_slot = torch.tensor([S], device=dev)
+
+    def chain() -> list[torch.Tensor]:
+        outs = []
+        for i in range(calls):
+            if i == mid:  # the new token lands between two scoring calls
+                c.write(new_slot, kk[S:].to(dev), ksc[S:].to(dev))
+            outs.append(peerdcp.topk.indexer_logits(qs[i], w, c, lens, block_table=table, max_seq_len=S + 1))
+        return outs
+
+    def reset() -> None:  # the token at S back to "not written yet" (zero key, zero scale)
+        c.storage.view(-1)[:] = snapshot
+
+    snapshot = c.storage.view(-1).clone()
+    res = {}
+    with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": 0}):
+        want = [o.clone() for o in chain()]
+    torch.cuda.synchronize()
+    # the new token (rank owning slot S) scores nonzero in the calls after the write, zero before
+    own = ref.owner(torch.tensor(S), W, 1).item() == r
+    row = ref.local_row(torch.tensor(S), W, 1).item()
+    res["new_token_seen"] = (not own) or bool((want[mid][:, row] != 0).any() and (want[mid - 1][:, row] == 0).all())
+    for mode in (1, 2):
+        with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": mode}):
+            reset()
+            got = chain()
+            torch.cuda.synchronize()
+            res[f"eager{mode}"] = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(want, got))
+            reset()
+            chain()  # compile / warm outside the capture
+            reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = chain()
+            ok = True
+            for _ in range(3):
+                reset()
+                for o in outs:
+                    o.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                ok &= all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(want, outs))
+            res[f"graph{mode}"] = ok
+            del graph, outs
+    c.close()
+    return res

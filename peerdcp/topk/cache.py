@@ -28,7 +28,7 @@ import triton
 
 from .._checks import is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
-from ..kernel_support import num_sms
+from ..kernel_support import num_sms, on_gpu
 from . import reference as ref
 from .kernels import _logits_kernel, _write_kernel
 
@@ -268,6 +268,8 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # not a candidate. (bench/results/2026-11-30/s14/call4.) The small floor (call 6, 1-8 rows x 32K-128K): 2 pages per
 # program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs 4.77, 2 x 32K replicated 4.29 vs 4.62, 4 x 32K sharded
 # 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
+# "scan_pdl": launch with programmatic dependent launch (kernel_support.grid_dependency_sync): 0 off, 1 wait for the
+# previous kernel inside the kernel, 2 also let the next PDL kernel launch as soon as every program started.
 TUNING = {
     "scan_group": 1,
     "scan_npage": 0,
@@ -275,6 +277,7 @@ TUNING = {
     "scan_npages": (1, 2, 8, 16),
     "scan_min_programs_per_sm": 30,
     "scan_min_programs_per_sm_small": 3,
+    "scan_pdl": 0,
 }
 
 
@@ -382,7 +385,10 @@ def indexer_logits(
         npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, num_sms(dev.index), group)
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
-    stages = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
+    opts = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
+    pdl = int(TUNING["scan_pdl"]) if on_gpu(dev) else 0
+    if pdl:
+        opts["launch_pdl"] = True
     table = block_table if block_table is not None else seq_lens  # dummy pointer when HAS_TABLE is False
     grid = (T, triton.cdiv(pages, npage))
     # heads padded (zero queries, zero weights) to a power of two; on GPU to >= 64 so Hopper runs the
@@ -418,8 +424,9 @@ def indexer_logits(
             HAS_TABLE=block_table is not None,
             SHARDED=cache.sharded,
             DOT=dot,
+            PDL=pdl,
             num_warps=4,
-            **stages,
+            **opts,
         )
 
     key = (dev.index if dev.type == "cuda" else -1, block_h)

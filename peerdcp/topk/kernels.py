@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernel_support import next_epoch, peer_pointer, signal_release, wait_equal
+from ..kernel_support import grid_dependency_sync, next_epoch, peer_pointer, signal_release, wait_equal
 
 __all__ = [
     "_write_kernel",
@@ -121,6 +121,7 @@ def _logits_kernel(
     HAS_TABLE: tl.constexpr,
     SHARDED: tl.constexpr,
     DOT: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     """Program (t, jb): local pages ``jb*NPAGE .. jb*NPAGE+NPAGE-1`` of row t, GROUP pages per dot;
     ``out [T, Lmax]`` fp32.
@@ -137,9 +138,12 @@ def _logits_kernel(
     ``DOT``: 0 = FP8 x FP8 tensor-core dot (GPU), 1 = fp16 operands (GPU fallback; fp16 holds every e4m3
     value exactly), 2 = fp64 (interpreter: the 128-term FP8 dot is exact in fp64, so the result does not
     depend on the summation order or on the token's position in its page).
+
+    ``PDL``: see ``kernel_support.grid_dependency_sync`` (launched with ``launch_pdl`` when nonzero).
     """
     t = tl.program_id(0).to(tl.int64)
     jb = tl.program_id(1)
+    grid_dependency_sync(PDL)  # before any load: q, the table and the newest keys may come from the last kernel
     L = tl.load(seq_lens + t).to(tl.int64)
     if SHARDED:
         nloc = _local_length(L, rank, W, I)

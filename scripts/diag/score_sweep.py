@@ -1,7 +1,8 @@
 """Where the indexer scoring kernel's time goes (GPU machine, W = 2): variants of ``_logits_kernel`` side by side.
 
     python3 scripts/diag/score_sweep.py OUT_DIR [--rows 1 8 32] [--contexts 32768 131072]
-        [--configs G:N:S ...] [--policies M/m:N1,N2,..] [--rounds R] [--heads H]
+        [--configs G:N:S ...] [--policies M/m:N1,N2,..] [--rounds R] [--heads H] [--pdl]
+        [--world W] [--emulate]
 
 Variants (DeepSeek-V3.2 indexer, 64 heads x 128; ``same``: every score within 2^-9 of the row's largest
 magnitude of the library default's, -inf at the same places): ``lib`` - ``indexer_logits`` as configured;
@@ -18,7 +19,15 @@ dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program o
 adds the library's policy (``peerdcp.topk.cache._scan_npage``) with other candidates (pages per program) and
 programs-per-SM floors; ``--rounds R`` times every variant R times, round-robin over the variants (so a drift of
 the machine spreads over all of them), and reports the mean with ``spread`` = (max - min) / mean over the rounds
-of both layouts. ``--floor`` adds two reads of the same pages' bytes without the scan's math: ``sum``
+of both layouts.
+
+``--pdl`` adds the library's kernel launched with programmatic dependent launch (``TUNING["scan_pdl"]``): ``pdl1``
+waits for the previous kernel inside the kernel, ``pdl2`` also lets the next call launch once every program of this
+one started. ``--emulate`` runs one process on one GPU as rank 0 of a ``--world`` W group (the caches' group is
+faked: the owner-sharded cache holds rank 0's tokens, the ranks' largest share): the scans are local, so their times
+are rank 0's of a real W-rank run, without the slowest-rank reduction.
+
+``--floor`` adds two reads of the same pages' bytes without the scan's math: ``sum``
 (``torch.sum`` of their fp32 view) and ``stream`` (a Triton kernel, 8 KB per step, 8 steps per program, 3
 stages); ``rep_TBs`` / ``sh_TBs`` are every variant's scanned bytes per second (TB/s). After the table: every
 compiled scoring kernel's registers, shared memory and resident programs per SM.
@@ -113,6 +122,17 @@ def _kernel_report(dev: torch.device) -> list[str]:
     return lines
 
 
+def _emulate_group(W: int) -> None:
+    """Make ``IndexKCache`` in this (one-rank) process believe it is rank 0 of a W-rank group."""
+    import dataclasses
+
+    from peerdcp.topk import cache as cache_mod
+
+    real = cache_mod.resolve_group
+    cache_mod.resolve_group = lambda g: dataclasses.replace(real(g), rank=0, world_size=W, global_ranks=tuple(range(W)))
+    cache_mod.all_gather_object = lambda info, obj: [obj] * W
+
+
 def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
@@ -120,7 +140,9 @@ def rank_main(cfg: dict) -> list[dict]:
     from peerdcp.topk import cache as cache_mod
     from peerdcp.topk import indexer_logits
 
-    W = dist.get_world_size()
+    W = cfg["world"] if cfg["emulate"] else dist.get_world_size()
+    if cfg["emulate"]:
+        _emulate_group(W)
     dev = torch.device("cuda", torch.cuda.current_device())
     warm_gpu(0.3)
     H = cfg["heads"]
@@ -144,6 +166,10 @@ def rank_main(cfg: dict) -> list[dict]:
                 return fn
 
             variants = {"lib": lambda q, w, c, tab, L: indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)}
+            for mode in (1, 2) if cfg["pdl"] else ():
+                variants[f"pdl{mode}"] = cfg_fn(
+                    cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], scan_pdl=mode
+                )
             for g, n, st in cfg["configs"]:
                 variants[f"g{g}n{n or 'P'}" + (f"s{st}" if st else "")] = cfg_fn(g, n, st)
             for m, m_small, npages in cfg["policies"]:  # the library's group and stages, the policy's npage
@@ -218,6 +244,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--floor", action="store_true", help="add `sum` and `stream`: plain reads of the scanned pages")
+    ap.add_argument("--pdl", action="store_true", help="add pdl1 / pdl2: the library's kernel launched with PDL")
+    ap.add_argument("--world", type=int, default=2, help="W (ranks, or the emulated group's size)")
+    ap.add_argument("--emulate", action="store_true", help="one process on one GPU as rank 0 of a --world group")
     ap.add_argument("--configs", nargs="*", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
     ap.add_argument("--policies", nargs="+", default=[], help="M/m:N1,N2,... (programs per SM: candidates)")
     a = ap.parse_args()
@@ -228,8 +257,9 @@ def main() -> int:
         m, m_small = (float(x) for x in ms.split("/"))
         policies.append((m, m_small, tuple(int(x) for x in ns.split(","))))
     cfg = {"rows": a.rows, "contexts": a.contexts, "iters": a.iters, "rounds": a.rounds, "heads": a.heads,
-           "configs": configs, "policies": policies, "floor": a.floor}  # fmt: skip
-    res = run_ranks("scripts.diag.score_sweep:rank_main", 2, cfg)
+           "configs": configs, "policies": policies, "floor": a.floor, "pdl": a.pdl, "world": a.world,
+           "emulate": a.emulate}  # fmt: skip
+    res = run_ranks("scripts.diag.score_sweep:rank_main", 1 if a.emulate else a.world, cfg)
     rows = res[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -614,13 +614,13 @@ def scoring_pdl(seed: int, calls: int = 6) -> dict:
     table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
     lens = torch.full((T,), S + 1, dtype=torch.int64, device=dev)
     mid = calls // 2
-    new_slot = torch.tensor([S], device=dev)
+    new_slot, new_k, new_s = torch.tensor([S], device=dev), kk[S:].to(dev), ksc[S:].to(dev)
 
     def chain() -> list[torch.Tensor]:
         outs = []
         for i in range(calls):
             if i == mid:  # the new token lands between two scoring calls
-                c.write(new_slot, kk[S:].to(dev), ksc[S:].to(dev))
+                c.write(new_slot, new_k, new_s)
             outs.append(peerdcp.topk.indexer_logits(qs[i], w, c, lens, block_table=table, max_seq_len=S + 1))
         return outs
 

@@ -268,6 +268,8 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # not a candidate. (bench/results/2026-11-30/s14/call4.) The small floor (call 6, 1-8 rows x 32K-128K): 2 pages per
 # program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs 4.77, 2 x 32K replicated 4.29 vs 4.62, 4 x 32K sharded
 # 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
+# "scan_wave_npages" / "scan_resident_per_sm": the mid-size rule of _scan_npage (an empty tuple turns it off). 7
+# resident programs per SM is the compiled kernel's occupancy on H200 (64-72 registers, score_sweep's kernel report).
 # "scan_pdl": launch with programmatic dependent launch (kernel_support.grid_dependency_sync): 0 off, 1 wait for the
 # previous kernel inside the kernel, 2 also let the next PDL kernel launch as soon as every program started.
 TUNING = {
@@ -277,6 +279,8 @@ TUNING = {
     "scan_npages": (1, 2, 8, 16),
     "scan_min_programs_per_sm": 30,
     "scan_min_programs_per_sm_small": 3,
+    "scan_wave_npages": (2, 5, 6, 8, 10, 12),
+    "scan_resident_per_sm": 7,
     "scan_pdl": 0,
 }
 
@@ -289,6 +293,11 @@ def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
     none does, the smallest multi-page candidate if it leaves ``TUNING["scan_min_programs_per_sm_small"]`` per
     SM (a multi-page program's loop overlaps the next page's load with this page's dot; a one-page program
     has no loop); else the smallest candidate (latency-bound calls: as many programs as there are pages).
+
+    Mid sizes (no candidate above the smallest multi-page one leaves that many programs, and the smallest one's
+    grid is more than one wave of resident programs): the few waves' fill decides, so the choice is the
+    ``TUNING["scan_wave_npages"]`` candidate n of least ``waves(n) * n`` (whole waves of ``scan_resident_per_sm``
+    programs per SM, each running n pages), the largest n among equals (a full last wave, fewer query loads).
     """
     cands = sorted(int(n) * group for n in TUNING["scan_npages"])
     multi = [n for n in cands if n > cands[0]]
@@ -296,10 +305,14 @@ def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
     def programs(n: int) -> int:
         return T * -(-pages // n)
 
-    for n in reversed(multi):
+    for n in reversed(multi[1:]):
         if programs(n) >= float(TUNING["scan_min_programs_per_sm"]) * sms:
             return n
     if multi and programs(multi[0]) >= float(TUNING["scan_min_programs_per_sm_small"]) * sms:
+        wave = sorted(int(n) * group for n in TUNING["scan_wave_npages"])
+        slots = int(TUNING["scan_resident_per_sm"]) * sms
+        if wave and programs(wave[0]) > slots:
+            return min(wave, key=lambda n: (-(-programs(n) // slots) * n, -n))
         return multi[0]
     return cands[0]
 

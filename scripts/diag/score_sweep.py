@@ -2,7 +2,7 @@
 
     python3 scripts/diag/score_sweep.py OUT_DIR [--rows 1 8 32] [--contexts 32768 131072]
         [--configs G:N:S ...] [--policies M/m:N1,N2,..] [--rounds R] [--heads H] [--pdl]
-        [--world W] [--emulate]
+        [--world W] [--emulate] [--variant NAME:KEY=JSON;...]
 
 Variants (DeepSeek-V3.2 indexer, 64 heads x 128; ``same``: every score within 2^-9 of the row's largest
 magnitude of the library default's, -inf at the same places): ``lib`` - ``indexer_logits`` as configured;
@@ -23,9 +23,10 @@ of both layouts.
 
 ``--pdl`` adds the library's kernel launched with programmatic dependent launch (``TUNING["scan_pdl"]``): ``pdl1``
 waits for the previous kernel inside the kernel, ``pdl2`` also lets the next call launch once every program of this
-one started. ``--emulate`` runs one process on one GPU as rank 0 of a ``--world`` W group (the caches' group is
-faked: the owner-sharded cache holds rank 0's tokens, the ranks' largest share): the scans are local, so their times
-are rank 0's of a real W-rank run, without the slowest-rank reduction.
+one started. ``--variant NAME:KEY=JSON;..`` adds the library with ``TUNING`` entries changed (e.g.
+``old:scan_wave_npages=[]``). ``--emulate`` runs one process on one GPU as rank 0 of a ``--world`` W group (the
+caches' group is faked: the owner-sharded cache holds rank 0's tokens, the ranks' largest share): the scans are
+local, so their times are rank 0's of a real W-rank run, without the slowest-rank reduction.
 
 ``--floor`` adds two reads of the same pages' bytes without the scan's math: ``sum``
 (``torch.sum`` of their fp32 view) and ``stream`` (a Triton kernel, 8 KB per step, 8 steps per program, 3
@@ -166,6 +167,8 @@ def rank_main(cfg: dict) -> list[dict]:
                 return fn
 
             variants = {"lib": lambda q, w, c, tab, L: indexer_logits(q, w, c, lens, block_table=tab, max_seq_len=ctx)}
+            for name, tune in cfg["variants"]:  # --variant NAME:KEY=JSON,...
+                variants[name] = cfg_fn(cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], **tune)
             for mode in (1, 2) if cfg["pdl"] else ():
                 variants[f"pdl{mode}"] = cfg_fn(
                     cache_mod.TUNING["scan_group"], 0, cache_mod.TUNING["scan_stages"], scan_pdl=mode
@@ -245,6 +248,9 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--floor", action="store_true", help="add `sum` and `stream`: plain reads of the scanned pages")
     ap.add_argument("--pdl", action="store_true", help="add pdl1 / pdl2: the library's kernel launched with PDL")
+    ap.add_argument(
+        "--variant", action="append", default=[], help="NAME:KEY=JSON[;KEY=JSON]: the library with TUNING changed"
+    )
     ap.add_argument("--world", type=int, default=2, help="W (ranks, or the emulated group's size)")
     ap.add_argument("--emulate", action="store_true", help="one process on one GPU as rank 0 of a --world group")
     ap.add_argument("--configs", nargs="*", default=None, help="G:N:S triples (default: the built-in CONFIGS)")
@@ -256,9 +262,13 @@ def main() -> int:
         ms, ns = spec.split(":")
         m, m_small = (float(x) for x in ms.split("/"))
         policies.append((m, m_small, tuple(int(x) for x in ns.split(","))))
+    variants = []
+    for spec in a.variant:  # "old:scan_wave_npages=[];scan_pdl=1"
+        name, _, body = spec.partition(":")
+        variants.append((name, {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in body.split(";") if kv)}))
     cfg = {"rows": a.rows, "contexts": a.contexts, "iters": a.iters, "rounds": a.rounds, "heads": a.heads,
            "configs": configs, "policies": policies, "floor": a.floor, "pdl": a.pdl, "world": a.world,
-           "emulate": a.emulate}  # fmt: skip
+           "variants": variants, "emulate": a.emulate}  # fmt: skip
     res = run_ranks("scripts.diag.score_sweep:rank_main", 1 if a.emulate else a.world, cfg)
     rows = res[0]
     out = Path(a.out)

@@ -404,12 +404,20 @@ def cache_roundtrip(I: int, layout: str, D: int = 32, P: int = 16, device: str =
 
 
 @one_thread
-def scoring(H: int, D: int, P: int, I: int, seed: int, device: str = "cpu", upcast: bool = False) -> dict:
-    """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1)."""
+def scoring(
+    H: int, D: int, P: int, I: int, seed: int, device: str = "cpu", upcast: bool = False, npage: int = 0
+) -> dict:
+    """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1), ``npage``
+    the GPU kernel's pages per program (``TUNING["scan_npage"]``; 0 = the policy's)."""
+    from unittest import mock
+
+    from peerdcp.topk import cache as cache_mod
+
     old = os.environ.get("PEERDCP_INDEXER_UPCAST")
     os.environ["PEERDCP_INDEXER_UPCAST"] = "1" if upcast else "0"
     try:
-        return _scoring(H, D, P, I, seed, device)
+        with mock.patch.dict(cache_mod.TUNING, {"scan_npage": npage}):
+            return _scoring(H, D, P, I, seed, device)
     finally:
         if old is None:
             del os.environ["PEERDCP_INDEXER_UPCAST"]

@@ -216,12 +216,21 @@ def test_scan_npage_policy():
 
     from peerdcp.topk import cache
 
-    def rule(T, pages, sms, group, cands, m, m_small):
-        cands = sorted(n * group for n in cands)
-        ok = [n for n in cands[1:] if T * -(-pages // n) >= m * sms]
+    def rule(T, pages, sms, group, t):
+        cands = sorted(n * group for n in t["scan_npages"])
+        wave = sorted(n * group for n in t["scan_wave_npages"])
+
+        def progs(n):
+            return T * -(-pages // n)
+
+        ok = [n for n in cands[2:] if progs(n) >= t["scan_min_programs_per_sm"] * sms]
         if ok:
             return max(ok)
-        if len(cands) > 1 and T * -(-pages // cands[1]) >= m_small * sms:
+        if len(cands) > 1 and progs(cands[1]) >= t["scan_min_programs_per_sm_small"] * sms:
+            slots = t["scan_resident_per_sm"] * sms
+            if wave and progs(wave[0]) > slots:  # brute force: every candidate's whole waves x pages
+                costs = {n: -(-progs(n) // slots) * n for n in wave}
+                return max(n for n in wave if costs[n] == min(costs.values()))
             return cands[1]
         return cands[0]
 
@@ -236,12 +245,14 @@ def test_scan_npage_policy():
     t = cache.TUNING
     for T, p, s, g in shapes:
         got = cache._scan_npage(T, p, s, g)
-        want = rule(T, p, s, g, t["scan_npages"], t["scan_min_programs_per_sm"], t["scan_min_programs_per_sm_small"])
-        assert got == want and got in [n * g for n in t["scan_npages"]], (T, p, s, g, got, want)
+        want = rule(T, p, s, g, t)
+        assert got == want and got in [n * g for n in (*t["scan_npages"], *t["scan_wave_npages"])], (T, p, s, g, got)
     old = {"scan_npages": (1, 4, 16), "scan_min_programs_per_sm": 8, "scan_min_programs_per_sm_small": 8}
-    with mock.patch.dict(cache.TUNING, old):
+    with mock.patch.dict(cache.TUNING, {**old, "scan_wave_npages": ()}):
         assert all(cache._scan_npage(*x) == session8(*x) for x in shapes)
-    # the benchmark's shapes on H200 (132 SMs), as measured in session 14: (rows, pages) -> pages per program
-    assert [cache._scan_npage(T, p, 132, 1) for T, p in ((1, 512), (8, 256), (1, 1024), (64, 256), (32, 1024))] == [
-        1, 2, 2, 2, 8
-    ]  # fmt: skip
+    # the benchmark's shapes on H200 (132 SMs): (rows, pages) -> pages per program. Session 14 measured the first
+    # five (1, 2, 2, 2, 8); session 18 the mid-size rule: 32 rows x 256 pages (32K sharded) 10, 32 x 512 (32K
+    # replicated) 6, 64 x 256 6, 8 x 1024 (128K sharded) 10, 8 x 2048 6 - and 8 x 512 (32K replicated) 5.
+    shapes = ((1, 512), (8, 256), (1, 1024), (64, 512), (32, 1024), (32, 256), (32, 512), (64, 256), (8, 1024),
+              (8, 2048), (8, 512))  # fmt: skip
+    assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 6, 6, 10, 6, 5]

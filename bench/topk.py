@@ -21,6 +21,12 @@ Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer
   any kernel in this harness, which both scans pay (with the bytes each reads, it bounds the ratio a
   latency-bound call can reach).
 
+Part 3 (``--local``) - the local candidate stage alone (``TopK.local_candidates``: this rank's top 2048 of its
+scores as sorted canonical keys), rows 1 ... 128 x local lengths 4K ... 128K, random scores: ``cuda`` - the
+selection kernel (``csrc/topk_select.cu``: keys from scores, radix select, shared-memory sort) vs ``torch`` - the
+Triton keys kernel + ``torch.topk`` (what the stage ran before, and still runs above 2048 candidates or without
+nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs it (``--world 1 --no-merge --no-indexer --local``).
+
 Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
 the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
 last; writes ``topk.json``, ``topk_merge.png`` and ``topk_indexer.png`` into ``--out``.
@@ -257,12 +263,45 @@ def indexer_rank(cfg: dict) -> list[dict]:
     return out if r == 0 else []
 
 
+def local_rank(cfg: dict) -> list[dict]:
+    import torch.distributed as dist
+
+    from peerdcp.topk import ops as topk_ops
+    from peerdcp.topk.selector import _local_keys
+
+    W, r = dist.get_world_size(), dist.get_rank()
+    dev = _device(cfg)
+    out = []
+    for Lloc in cfg["local_lengths"]:
+        for T in cfg["local_rows"]:
+            gen = torch.Generator(device=dev).manual_seed(Lloc + T)
+            nsets = 4 if T * Lloc * 4 < (64 << 20) else 1  # rotate inputs while they would stay in L2
+            logits = [torch.randn(T, Lloc, generator=gen, device=dev) for _ in range(nsets)]
+            lens = torch.full((T,), Lloc * W, dtype=torch.int64, device=dev)  # this rank owns Lloc of them
+
+            def fn(i, logits=logits, lens=lens, n=nsets):
+                return _local_keys(logits[i % n], lens, K, r, W, 1, 0, 0)
+
+            with mock.patch.dict(topk_ops.TUNING, {"local_select": "torch"}):
+                want = [fn(j) for j in range(nsets)]
+                t_torch = _time(cfg, fn)
+            exact = all(torch.equal(fn(j), want[j]) for j in range(nsets))
+            t_cuda = _time(cfg, fn)
+            out.append(
+                {"local_len": Lloc, "rows": T, "exact": exact, "cuda": t_cuda, "torch": t_torch,
+                 "speedup": t_torch / t_cuda}
+            )  # fmt: skip
+            del logits, want
+    return out if r == 0 else []
+
+
 def rank_main(cfg: dict) -> dict:
     t0 = time.time()
-    merge = merge_rank(cfg)
+    merge = merge_rank(cfg) if cfg.get("merge", True) else []
     t1 = time.time()
     index = indexer_rank(cfg) if cfg["contexts"] else []
-    return {"merge": merge, "indexer": index, "seconds": (t1 - t0, time.time() - t1)}
+    local = local_rank(cfg) if cfg.get("local_lengths") else []
+    return {"merge": merge, "indexer": index, "local": local, "seconds": (t1 - t0, time.time() - t1)}
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
@@ -276,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(p)
     p.add_argument("--eager", action="store_true", help="also time the merge eagerly (no CUDA graph)")
     p.add_argument("--no-indexer", action="store_true", help="skip part 2")
+    p.add_argument("--no-merge", action="store_true", help="skip part 1")
+    p.add_argument("--local", action="store_true", help="add part 3 (the local candidate stage alone)")
     p.add_argument(
         "--breakdown", action="store_true", help="also time the direct merge's publish and merge kernels alone"
     )
@@ -294,12 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_smoke:
         cfg = {"rows": [1, 3], "index_rows": [1, 2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
         cfg["breakdown"] = args.breakdown
+        cfg.update(merge=not args.no_merge, local_rows=[1, 2], local_lengths=[3000] if args.local else [])
         cfg.update(calls=2, eager=False, device="cpu")
         return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())
     cfg = {
         "rows": [1, 8, 32, 128, 512] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
         "index_rows": [1, 32] if args.quick else [1, 8, 32, 64, 128],
         "contexts": [] if args.no_indexer else ([32768, 131072]),
+        "merge": not args.no_merge,
+        "local_rows": [1, 8, 32, 128] if args.quick else [1, 2, 8, 32, 64, 128],
+        "local_lengths": ([4096, 16384, 65536, 131072] if args.quick else [4096, 8192, 16384, 32768, 65536, 131072])
+        if args.local
+        else [],
         "iters": args.iters or (20 if args.quick else 100),
         "calls": args.calls or (10 if args.quick else 20),
         "lead_us": args.lead_us,
@@ -329,7 +376,7 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
 
     outdir = Path(args.out)
     write_json(outdir / "topk.json", {"header": hdr, "config": cfg, **res})
-    merge, index = res["merge"], res["indexer"]
+    merge, index, local = res["merge"], res["indexer"], res.get("local", [])
     if merge:
         xs = [m["rows"] for m in merge]
         series = {n: (xs, [m[n] for m in merge]) for n in ("direct", "allgather", "baseline")}
@@ -351,6 +398,12 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
         cols = ["model", "ctx", "rows", "exact", "empty", "rep_score", "sh_score", "score_ratio", "score_target"]
         cols += ["rep_pipe", "sh_pipe", "pipe_speedup", "bytes_rep_MB", "bytes_sh_MB", "bytes_ratio"]
         print(_table(index, cols))
+    if local:
+        print(
+            "\nLocal candidates, top 2048 of each row's local scores "
+            "(µs, CUDA graph, slowest rank; speedup = torch / cuda)"
+        )
+        print(_table(local, ["local_len", "rows", "exact", "cuda", "torch", "speedup"]))
     if merge:
         print("\nTop-K merge, top-k 2048 (µs, CUDA graph, slowest rank; speedup = baseline / direct, target >= 4)")
         cols = ["rows", "exact", "memory", "merge", "direct", "direct_triton", "allgather", "baseline", "speedup"]

@@ -120,7 +120,7 @@ def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, 
 #: :func:`load`, and ``python -m peerdcp.jit`` builds them all
 LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "peerdcp_output": (("output_direct.cu",), DEFAULT_FLAGS),
-    "peerdcp_topk": (("topk_merge.cu",), DEFAULT_FLAGS),
+    "peerdcp_topk": (("topk_merge.cu", "topk_select.cu"), DEFAULT_FLAGS),
     # no --use_fast_math: no flush-to-zero, and -fmad=false keeps every fp32 rounding of the reference
     "peerdcp_query": (
         ("query_direct.cu",),

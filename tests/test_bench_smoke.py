@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_topk_cpu_smoke(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "bench.topk", "--cpu-smoke", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.topk", "--cpu-smoke", "--local", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -29,6 +29,6 @@ def test_bench_topk_cpu_smoke(tmp_path):
         raise AssertionError(f"non-standard JSON constant {c}")
 
     res = json.loads(text, parse_constant=reject)
-    assert res["merge"] and res["indexer"], res.keys()
-    assert all(row["exact"] for row in res["merge"] + res["indexer"]), res
+    assert res["merge"] and res["indexer"] and res["local"], res.keys()
+    assert all(row["exact"] for row in res["merge"] + res["indexer"] + res["local"]), res
     assert {row["bytes_ratio"] for row in res["indexer"]} == {0.5}, res["indexer"]

@@ -1,4 +1,5 @@
-"""The CUDA C++ merge kernel (``csrc/topk_merge.cu``) behind a ctypes call on the current stream.
+"""The CUDA C++ Top-K kernels behind ctypes calls on the current stream: the merge (``csrc/topk_merge.cu``) and
+the local candidate selection (``csrc/topk_select.cu``).
 
 The merge is local to a rank (it reads this rank's inbox and candidates, waits on this rank's flags), so a
 rank may use it or the Triton ``_merge_kernel`` independently of its peers: both place every key at the
@@ -16,11 +17,13 @@ import torch
 from ..jit import load as load_jit
 from ..kernel_support import num_sms
 
-__all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge"]
+__all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge", "select", "select_max_n"]
 
 #: ``cuda_merge_ctas_per_row``: N > 0 forces the cut-off mode with N CTAs per row; ``cuda_merge_place_all_ctas``:
 #: N > 0 forces the place-all mode with N CTAs per row, -1 never picks it. Both 0: the rule of :func:`grid`.
-TUNING = {"cuda_merge_ctas_per_row": 0, "cuda_merge_place_all_ctas": 0}
+#: ``local_select``: "auto" selects local candidates with the CUDA kernel on a GPU where it builds and the row's
+#: n = min(topk, L) is at most :func:`select_max_n`; "torch" always takes the Triton keys kernel + ``torch.topk``.
+TUNING = {"cuda_merge_ctas_per_row": 0, "cuda_merge_place_all_ctas": 0, "local_select": "auto"}
 #: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
 #: so past a few CTAs the shared placement work no longer pays for the repeated staging
 MAX_CTAS_PER_ROW = 4
@@ -62,6 +65,10 @@ def load() -> ctypes.CDLL:
     ]
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
     lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
+    lib.peerdcp_topk_select.restype = ctypes.c_int
+    lib.peerdcp_topk_select.argtypes = [_vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _vp]
+    lib.peerdcp_topk_select_max_n.restype = ctypes.c_int
+    lib.peerdcp_topk_select_max_n.argtypes = []
     return lib
 
 
@@ -157,3 +164,47 @@ def merge(
     )
     if rc != 0:
         raise RuntimeError(f"peerdcp topk merge launch failed: CUDA error {rc}")
+
+
+@functools.cache
+def select_max_n() -> int:
+    """Largest n = min(topk, L) :func:`select` handles (its sort holds 4096 keys; a radix level may stop with up to
+    4096 - n + 1 candidates)."""
+    return int(load().peerdcp_topk_select_max_n())
+
+
+def select(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    rank: int,
+    world_size: int,
+    interleave: int,
+    force_first: int,
+    force_last: int,
+) -> None:
+    """This rank's canonical candidates of every row: ``out [T, n]`` int64 (contiguous, n = min(topk, L) <=
+    :func:`select_max_n`) = the n largest canonical keys of row t's local scores ``logits [T, L]`` fp32 (rows
+    contiguous), descending, -1 past the row's valid keys - what ``selector._local_keys`` returns, bit for bit.
+    ``seq_lens [T]`` int32/int64 global lengths. The caller validated shapes; a launch error raises RuntimeError."""
+    T, L = logits.shape
+    stream = torch.cuda.current_stream(out.device).cuda_stream
+    rc = load().peerdcp_topk_select(
+        out.data_ptr(),
+        logits.data_ptr(),
+        logits.stride(0),
+        seq_lens.data_ptr(),
+        int(seq_lens.dtype == torch.int64),
+        L,
+        out.shape[1],
+        T,
+        rank,
+        world_size,
+        interleave,
+        force_first,
+        force_last,
+        stream,
+    )
+    if rc != 0:
+        raise RuntimeError(f"peerdcp topk select launch failed: CUDA error {rc}")

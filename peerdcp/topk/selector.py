@@ -100,12 +100,51 @@ def _check_lengths_on_host(where: str, seq_lens: torch.Tensor, L: int, rank: int
         raise ValueError(f"{where}: seq_len {mx} has {need} local tokens on rank {rank}, local_logits holds {L}")
 
 
+_SELECT_UNAVAILABLE: dict[int, str] = {}  # device index -> why the CUDA selection cannot be used there
+
+
+def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
+    """Whether ``_local_keys`` takes the CUDA selection (``ops.select``) for ``n`` of ``L`` keys on ``device``."""
+    from . import ops
+
+    if ops.TUNING["local_select"] != "auto" or not on_gpu(device) or L >= (1 << 31) - (1 << 14):
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SELECT_UNAVAILABLE:
+        try:
+            ops.select_max_n()
+            _SELECT_UNAVAILABLE[idx] = ""
+        except Exception as e:  # noqa: BLE001 - no nvcc / build failure: the Triton + torch path is exact too
+            _SELECT_UNAVAILABLE[idx] = f"{type(e).__name__}: {e}"
+    return not _SELECT_UNAVAILABLE[idx] and n <= ops.select_max_n()
+
+
 def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last) -> torch.Tensor:
-    """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail."""
+    """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail.
+
+    On a GPU, ``csrc/topk_select.cu`` computes the keys from the scores and selects them in one kernel (radix
+    select + shared-memory sort, one CTA per row) for n = min(k, L) <= 2048; otherwise (and in the interpreter)
+    the Triton ``_keys_kernel`` writes every key and ``torch.topk`` / ``torch.sort`` picks them. Same output."""
     T, L = local_logits.shape
     dev = local_logits.device
     if L == 0:
         return torch.full((T, 1), -1, dtype=torch.int64, device=dev)
+    n = min(k, L)
+    if _cuda_select_ok(dev, n, L):
+        from . import ops
+
+        out = torch.empty(T, n, dtype=torch.int64, device=dev)
+        ops.select(
+            out,
+            local_logits,
+            seq_lens,
+            rank=rank,
+            world_size=W,
+            interleave=I,
+            force_first=force_first,
+            force_last=force_last,
+        )
+        return out
     keys = torch.empty(T, L, dtype=torch.int64, device=dev)
     BLOCK = 1024 if dev.type == "cuda" else min(triton.next_power_of_2(L), 1 << 16)
     _keys_kernel[(T, triton.cdiv(L, BLOCK))](

@@ -1,0 +1,130 @@
+"""The local stages of the indexer / Top-K on one GPU (skipped without CUDA): the scoring kernel's launch options
+and the CUDA candidate selection (``csrc/topk_select.cu``) against the canonical reference, bit for bit."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import rankfns_topk as fns
+import torch
+
+from peerdcp.topk import ops
+from peerdcp.topk import reference as ref
+from peerdcp.topk.selector import _local_keys
+
+pytestmark = pytest.mark.cuda
+
+
+def test_gpu_scoring_pdl_matches_plain_launch(pools):
+    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_pdl, 11)
+    for r in res:
+        assert r == {"new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True}, r
+
+
+@pytest.mark.parametrize("npage", [5, 6, 10, 12])
+def test_gpu_scoring_pages_per_program(pools, npage):
+    """The mid-size rule's pages-per-program counts (not powers of two; programs that run past a row's end) give
+    the fp64 reference's scores and -inf masks (rows of 0 to 300 tokens, MTP rows, a narrow block table)."""
+    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring, 64, 128, 64, 1, 8, device="cuda", npage=npage)
+    for r in res:
+        for lay in ("owner_sharded", "replicated"):
+            assert r[lay]["values"] and r[lay]["mask"], r
+        assert r["bitwise_vs_replicated"] and r["no_table"] and r["narrow_table"], r
+
+
+# ------------------------------------------------------------------------------- candidate selection
+def _reference(logits: torch.Tensor, lens: torch.Tensor, k: int, r: int, W: int, I: int, ff: int, fl: int):
+    """``int64 [T, min(k, L)]``: the n largest canonical keys of each row's valid local scores, -1 tail (CPU)."""
+    T, L = logits.shape
+    n = min(k, L)
+    out = torch.full((T, n), -1, dtype=torch.int64)
+    for t in range(T):
+        Lg = int(lens[t])
+        nloc = min(ref.local_length(Lg, r, W, I), L)
+        g = ref.global_id(torch.arange(nloc), r, W, I)
+        s = logits[t, :nloc].clone()
+        s[(g < ff) | (g >= Lg - fl)] = float("inf")
+        keys = torch.sort(ref.pack_keys(s, g), descending=True).values[:n]
+        out[t, : keys.numel()] = keys
+    return out
+
+
+def _scores(kind: str, T: int, L: int, g: torch.Generator) -> torch.Tensor:
+    if kind == "normal":
+        return torch.randn(T, L, generator=g)
+    if kind == "ties":  # 9 values incl. +-0, +-inf, and 5 % NaN
+        return fns.tie_logits(T, L, int(torch.randint(0, 1 << 30, (1,), generator=g)))
+    if kind == "equal":  # every score the same: the ids decide (the radix select's longest path)
+        return torch.full((T, L), 0.75)
+    if kind == "denormal":  # denormals, their negatives and zeros (a flush-to-zero would merge them)
+        bits = torch.randint(0, 64, (T, L), generator=g, dtype=torch.int32)
+        x = bits.view(torch.float32) * torch.where(torch.rand(T, L, generator=g) < 0.5, -1.0, 1.0)
+        return torch.where(torch.rand(T, L, generator=g) < 0.2, torch.zeros_like(x), x)
+    if kind == "narrow":  # distinct values packed into a few top-bit bins
+        return 1.0 + torch.rand(T, L, generator=g) * 1e-3
+    raise ValueError(kind)
+
+
+CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths dtype)
+    ("normal", 3, 131072, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("normal", 4, 65536, 2048, 2, 1, 1, 0, 0, torch.int32),
+    ("ties", 3, 50000, 2048, 4, 3, 64, 0, 0, torch.int64),
+    ("equal", 2, 40000, 2048, 2, 0, 1, 0, 0, torch.int64),
+    ("equal", 2, 40000, 2048, 2, 1, 1, 5, 7, torch.int64),
+    ("denormal", 3, 20000, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("narrow", 2, 100000, 2048, 8, 5, 1, 0, 0, torch.int64),
+    ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
+    ("normal", 3, 4096, 2048, 2, 0, 1, 0, 0, torch.int64),
+    ("ties", 3, 3000, 2048, 2, 1, 64, 0, 0, torch.int32),  # L < k: every valid key, sorted
+    ("normal", 2, 2048, 2048, 1, 0, 1, 0, 0, torch.int64),  # L = k
+    ("normal", 4, 9000, 7, 2, 1, 1, 0, 0, torch.int64),  # small k
+    ("normal", 2, 9000, 1, 1, 0, 1, 0, 0, torch.int64),  # k = 1
+    ("normal", 2, 1, 2048, 1, 0, 1, 0, 0, torch.int64),  # one column
+    ("normal", 2, 9000, 2049, 1, 0, 1, 0, 0, torch.int64),  # above the kernel's n: the torch path
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-T{c[1]}-L{c[2]}-k{c[3]}-W{c[4]}r{c[5]}I{c[6]}" for c in CASES])
+def test_gpu_local_candidates_match_reference(case):
+    """``_local_keys`` (the CUDA selection, and the Triton keys + torch.topk path) equals the CPU reference on rows of
+    lengths 0, 1, short of k and far beyond it; scores past a row's local length are NaN / +inf garbage."""
+    kind, T, L, k, W, r, I, ff, fl, ldt = case
+    g = torch.Generator().manual_seed(CASES.index(case))
+    logits = _scores(kind, T, L, g)
+    full = int(ref.global_id(L - 1, r, W, I)) + 1  # the global length whose local share on rank r is exactly L
+    lens = torch.randint(0, full + 1, (T,), generator=g)
+    lens[0] = full
+    if T > 2:
+        lens[1], lens[2] = 0, 1
+    for t in range(T):  # garbage past each row's local length
+        nloc = min(ref.local_length(int(lens[t]), r, W, I), L)
+        logits[t, nloc:] = torch.where(torch.rand(L - nloc, generator=g) < 0.5, float("nan"), float("inf"))
+    want = _reference(logits, lens, k, r, W, I, ff, fl)
+    x, ln = logits.cuda(), lens.to(ldt).cuda()
+    got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
+    assert torch.equal(got, want), (got[:, :8], want[:, :8])
+    with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
+        assert torch.equal(_local_keys(x, ln, k, r, W, I, ff, fl).cpu(), want)
+
+
+def test_gpu_select_poisoned_output_and_graph():
+    """The kernel writes every output element (output poisoned first), and replays in a CUDA graph with new
+    scores give new selections."""
+    g = torch.Generator().manual_seed(5)
+    T, L, k = 6, 30000, 2048
+    lens = torch.tensor([30000, 17, 0, 4096, 29999, 2048], device="cuda")
+    x = torch.randn(T, L, generator=g).cuda()
+    out = torch.full((T, k), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
+    ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+    assert torch.equal(out.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0))
+    _local_keys(x, lens, k, 0, 1, 1, 0, 0)  # warm (build, load) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        keys = _local_keys(x, lens, k, 0, 1, 1, 0, 0)
+    for seed in range(3):
+        x.copy_(torch.randn(T, L, generator=torch.Generator().manual_seed(100 + seed)))
+        keys.fill_(0x5A5A5A5A5A5A5A5A)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(keys.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0)), seed

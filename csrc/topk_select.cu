@@ -10,14 +10,14 @@
 // list (n = min(topk, Lmax)) with -1 past the row's valid keys.
 //
 // One CTA per row, computing keys on the fly from the scores (no key array in global memory):
-//   1. Radix select (rows of more than kBuf valid keys): a histogram of the next kBits bits of every key that
-//      matches the prefix P found so far (starting with the top bits) gives the bin b holding the n-th largest
-//      key; P grows by b, until the keys above P plus the keys equal to P fit in kBuf shared-memory slots. Each
-//      level reads the row's scores once (L2 for a row that was just written; random scores need one or two
-//      levels, heavy ties up to six, as the 31 id bits then decide).
-//   2. Gather: every key whose prefix is >= P (the n - need keys above, and every candidate of bin b) into
-//      shared memory, warp-aggregated slot claims.
-//   3. A bitonic sort of those <= kBuf keys, descending, in shared memory; the first n (or all valid) are stored.
+//   1. Rows of more than kBuf valid keys: an estimate tau from the sorted keys of kSample evenly spaced rows (the
+//      key with about (n + kBuf) / 2 of the row's keys above it), then one pass gathers every key >= tau into
+//      shared memory. When that gives fewer than n or more than kBuf keys (scores whose order correlates with the
+//      sample's spacing), an exact radix select finds the prefix of the n-th key level by level (a histogram of
+//      the next kBits bits per level, one pass each; heavy ties up to six) and a pass gathers the keys above it.
+//      Keys are unique, so both gather exactly the keys above a threshold that is itself a key.
+//   2. A bitonic sort of the <= kBuf gathered keys, descending (registers, warp shuffles, shared memory across
+//      warps); the first n (or every valid one) are stored, -1 after them.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -26,10 +26,11 @@
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kBuf = 4096;   // keys the final sort holds (32 KiB); rows of <= kBuf valid keys skip step 1
-constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax): a level may stop with up to kBuf - n + 1 candidates
+constexpr int kBuf = 4096;   // keys the final sort holds (4 per thread); rows of <= kBuf valid keys take them all
+constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
+constexpr int kSample = 2048;  // keys of the threshold estimate (2 per thread)
 constexpr int kBits = 11, kBins = 1 << kBits;
-constexpr int kUnroll = 8;  // scores each thread has in flight per step (memory-level parallelism)
+constexpr int kUnroll = 4;  // float4 loads each thread has in flight per step (64 B: memory-level parallelism)
 
 struct SelectParams {
   int64_t* out;          // [T, n] int64 keys, descending, -1 tail
@@ -39,6 +40,7 @@ struct SelectParams {
   int lens64;
   int Lmax, n, rank, W, I;
   int64_t force_first, force_last;
+  int radix_only;  // 1: skip the estimate (tests and diagnosis run the radix select on every row)
 };
 
 __device__ __forceinline__ int64_t canonical_key(uint32_t bits, int64_t g) {
@@ -55,7 +57,7 @@ __device__ __forceinline__ int64_t canonical_key(uint32_t bits, int64_t g) {
 struct Row {
   const float* x;
   int64_t L, ff, fl;
-  int rank, W, I;
+  int rank, W, I, nloc;
   __device__ __forceinline__ int64_t key(float s, int l) const {
     const int64_t g = I == 1 ? static_cast<int64_t>(l) * W + rank
                              : static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) * I + l % I;
@@ -63,123 +65,252 @@ struct Row {
     if (g < ff || g >= L - fl) bits = 0x7f800000u;  // forced: +inf
     return canonical_key(bits, g);
   }
+  __device__ __forceinline__ int64_t key_at(int l) const { return key(__ldg(x + l), l); }
 };
 
-// Calls f(key) for every valid local row (l < nloc), warp-uniformly: every lane of a warp makes the same number
-// of calls, `in` false for lanes past the row's end (so f may use warp votes).
-template <typename F>
-__device__ __forceinline__ void for_each_key(const Row& row, int nloc, F f) {
-  for (int base = 0; base < nloc; base += kThreads * kUnroll) {
-    float v[kUnroll];
+// Calls f(in, key) for every valid local row l < nloc, warp-uniformly: every lane of a warp makes the same number
+// of calls, `in` false for lanes past the row's end (so f may use warp votes). VEC: 16-byte loads (row aligned).
+template <bool VEC, typename F>
+__device__ __forceinline__ void for_each_key(const Row& row, F f) {
+  const int tid = threadIdx.x;
+  if constexpr (VEC) {
+    for (int base = 0; base < row.nloc; base += kThreads * kUnroll * 4) {
+      float4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int l = base + u * kThreads + static_cast<int>(threadIdx.x);
-      v[u] = l < nloc ? __ldg(row.x + l) : 0.0f;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int l = base + (u * kThreads + tid) * 4;
+        if (l + 4 <= row.nloc) {
+          v[u] = __ldg(reinterpret_cast<const float4*>(row.x + l));
+        } else {  // the row's last partial vector: never read past its valid scores (nor its allocation)
+          v[u].x = l < row.nloc ? __ldg(row.x + l) : 0.0f;
+          v[u].y = l + 1 < row.nloc ? __ldg(row.x + l + 1) : 0.0f;
+          v[u].z = l + 2 < row.nloc ? __ldg(row.x + l + 2) : 0.0f;
+          v[u].w = 0.0f;  // l + 3 >= nloc here
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int l = base + (u * kThreads + tid) * 4;
+        const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const bool in = l + c < row.nloc;
+          f(in, in ? row.key(e[c], l + c) : int64_t{0});
+        }
+      }
     }
+  } else {
+    for (int base = 0; base < row.nloc; base += kThreads * kUnroll * 4) {
+      float v[kUnroll * 4];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int l = base + u * kThreads + static_cast<int>(threadIdx.x);
-      const bool in = l < nloc;
-      f(in, in ? row.key(v[u], l) : int64_t{0});
+      for (int u = 0; u < kUnroll * 4; ++u) {
+        const int l = base + u * kThreads + tid;
+        v[u] = l < row.nloc ? __ldg(row.x + l) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll * 4; ++u) {
+        const int l = base + u * kThreads + tid;
+        const bool in = l < row.nloc;
+        f(in, in ? row.key(v[u], l) : int64_t{0});
+      }
+    }
+  }
+}
+
+// Bitonic sort, descending, of the R * kThreads keys v[r] of thread tid = element r * kThreads + tid. Partners
+// within a warp exchange by shuffles, across warps through `sm` (R * kThreads keys), within a thread in registers.
+template <int R>
+__device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* sm) {
+  const int tid = threadIdx.x;
+  constexpr int N = R * kThreads;
+  for (int k = 2; k <= N; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j >= kThreads) {  // partner: the same thread's register r ^ (j / kThreads)
+        const int rj = j / kThreads;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int q = r + 1; q < R; ++q) {
+            if ((r ^ q) != rj) continue;
+            const bool desc = ((r * kThreads + tid) & k) == 0;  // element r is the pair's lower index
+            const int64_t a = v[r], b = v[q];
+            if (desc ? a < b : a > b) v[r] = b, v[q] = a;
+          }
+        }
+      } else {
+        int64_t o[R];
+        if (j >= 32) {  // another warp: through shared memory
+#pragma unroll
+          for (int r = 0; r < R; ++r) sm[r * kThreads + tid] = v[r];
+          __syncthreads();
+#pragma unroll
+          for (int r = 0; r < R; ++r) o[r] = sm[(r * kThreads + tid) ^ j];
+          __syncthreads();  // every partner read before the next step's stores
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) o[r] = __shfl_xor_sync(0xffffffffu, v[r], j);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int i = r * kThreads + tid;
+          const bool keep_max = ((i & k) == 0) == ((i & j) == 0);  // descending block: the lower index keeps the max
+          v[r] = keep_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
+        }
+      }
+    }
+  }
+}
+
+using Scan = cub::BlockScan<int, kThreads>;
+
+struct Shared {
+  int64_t buf[kBuf];  // gathered keys; the sorts' exchange area
+  int hist[kBins];
+  typename Scan::TempStorage scan;
+  int count, bin, above;
+  int64_t tau;
+};
+
+template <bool VEC>
+__device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool radix_only) {
+  int64_t* buf = sh.buf;
+  int* hist = sh.hist;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int nloc = row.nloc;
+
+  // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf dropped)
+  auto gather_from = [&](int64_t lo) -> int {
+    if (tid == 0) sh.count = 0;
+    __syncthreads();
+    for_each_key<VEC>(row, [&](bool in, int64_t k) {
+      const bool take = in && k >= lo;
+      const unsigned m = __ballot_sync(0xffffffffu, take);
+      if (m == 0) return;
+      int base = 0;
+      if (lane == 0) base = atomicAdd(&sh.count, __popc(m));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      const int slot = base + __popc(m & ((1u << lane) - 1));
+      if (take && slot < kBuf) buf[slot] = k;
+    });
+    __syncthreads();
+    return sh.count;
+  };
+
+  int count;
+  if (nloc <= kBuf) {
+    count = gather_from(0);
+  } else {
+    // ---- 1. estimate: the keys of kSample evenly spaced rows, sorted; tau = the one with about (n + kBuf) / 2
+    // keys of the row above it. One pass then gathers the keys >= tau; the estimate only decides the speed:
+    // a count outside [n, kBuf] falls back to the exact radix select below.
+    count = 0;
+    if (!radix_only) {
+      int64_t s[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = r * kThreads + tid;
+        s[r] = row.key_at(static_cast<int>(static_cast<int64_t>(j) * nloc / kSample));
+      }
+      sort_desc<2>(s, buf);
+      const int64_t target = (static_cast<int64_t>(n) + kBuf) / 2;
+      int q = static_cast<int>(target * kSample / nloc) - 1;
+      q = q < 0 ? 0 : (q > kSample - 1 ? kSample - 1 : q);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (r * kThreads + tid == q) sh.tau = s[r];
+      __syncthreads();
+      count = gather_from(sh.tau);
+    }
+    if (count < n || count > kBuf) {
+      // ---- 2. exact radix select: a histogram of the next kBits bits of every key matching the prefix P found
+      // so far gives the bin holding the n-th largest key; P grows until the keys above P plus those equal to P
+      // fit in buf. Heavy ties need up to six levels (the 31 id bits then decide).
+      uint64_t P = 0;
+      int shift = 63;  // keys are < 2^63: key >> 63 == 0 == P for every key
+      int need = n;
+      while (true) {
+        const int width = shift < kBits ? shift : kBits, lo = shift - width;
+        const uint64_t mask = (1ull << width) - 1;
+        for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+        __syncthreads();
+        for_each_key<VEC>(row, [&](bool in, int64_t k) {
+          const uint64_t u = static_cast<uint64_t>(k);
+          const bool match = in && (u >> shift) == P;
+          const unsigned act = __ballot_sync(0xffffffffu, match);
+          if (match) {
+            const int d = static_cast<int>((u >> lo) & mask);
+            const unsigned peers = __match_any_sync(act, d);  // heavy ties: one shared atomic per bin per warp
+            if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
+          }
+        });
+        __syncthreads();
+        // thread i owns bins hi = kBins-1-2i and hi-1; `above` = keys in bins above hi (descending scan)
+        const int hi = kBins - 1 - 2 * tid;
+        const int h1 = hist[hi], h0 = hist[hi - 1];
+        int above;
+        Scan(sh.scan).ExclusiveSum(h1 + h0, above);
+        if (above < need && need <= above + h1) {
+          sh.bin = hi, sh.above = above;
+        } else if (above + h1 < need && need <= above + h1 + h0) {
+          sh.bin = hi - 1, sh.above = above + h1;
+        }
+        __syncthreads();
+        const int b = sh.bin;
+        need -= sh.above;
+        P = (P << width) | static_cast<uint64_t>(b);
+        shift = lo;
+        const int cand = hist[b];
+        __syncthreads();  // every thread read hist / sh.bin before the next level rewrites them
+        if ((n - need) + cand <= kBuf || shift == 0) break;
+      }
+      // the keys with prefix >= P: the smallest such key is P << shift
+      count = gather_from(static_cast<int64_t>(P << shift));
+    }
+  }
+
+  // ---- 3. sort the count <= kBuf gathered keys, descending (padding 0 sorts below every key: keys are >= 1)
+  const int valid = count < n ? count : n;
+  if (count <= 2 * kThreads) {
+    int64_t v[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) v[r] = r * kThreads + tid < count ? buf[r * kThreads + tid] : 0;
+    __syncthreads();  // buf is the sort's exchange area
+    sort_desc<2>(v, buf);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = r * kThreads + tid;
+      if (i < n) out[i] = i < valid ? v[r] : -1;
+    }
+  } else {
+    int64_t v[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) v[r] = r * kThreads + tid < count ? buf[r * kThreads + tid] : 0;
+    __syncthreads();
+    sort_desc<4>(v, buf);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = r * kThreads + tid;
+      if (i < n) out[i] = i < valid ? v[r] : -1;
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
-  using Scan = cub::BlockScan<int, kThreads>;
-  __shared__ int64_t buf[kBuf];
-  __shared__ int hist[kBins];
-  __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int count_sh, bin_sh, above_sh;
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+  __shared__ Shared sh;
+  const int t = blockIdx.x;
   const int64_t L = a.lens64 ? static_cast<const int64_t*>(a.seq_lens)[t] : static_cast<const int32_t*>(a.seq_lens)[t];
   // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width
   const int64_t IW = static_cast<int64_t>(a.I) * a.W;
   int64_t rem = (L > 0 ? L % IW : 0) - static_cast<int64_t>(a.rank) * a.I;
   rem = rem < 0 ? 0 : (rem > a.I ? a.I : rem);
-  int64_t nl = L > 0 ? (L / IW) * a.I + rem : 0;
-  const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);
+  const int64_t nl = L > 0 ? (L / IW) * a.I + rem : 0;
   const Row row{a.logits + static_cast<int64_t>(t) * a.logits_stride, L, a.force_first, a.force_last,
-                a.rank, a.W, a.I};
-  const int n = a.n;
-
-  // ---- 1. radix select: afterwards the keys with (key >> shift) > P number n - need < n, and the keys with
-  // (key >> shift) == P hold the need largest remaining ones; all of them fit in buf
-  uint64_t P = 0;
-  int shift = 63;  // keys are < 2^63: key >> 63 == 0 == P for every key
-  int need = n;
-  if (nloc > kBuf) {
-    while (true) {
-      const int width = shift < kBits ? shift : kBits, lo = shift - width;
-      const uint64_t mask = (1ull << width) - 1;
-      for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
-      __syncthreads();
-      for_each_key(row, nloc, [&](bool in, int64_t k) {
-        const uint64_t u = static_cast<uint64_t>(k);
-        const bool match = in && (u >> shift) == P;
-        const unsigned act = __ballot_sync(0xffffffffu, match);
-        if (match) {
-          const int d = static_cast<int>((u >> lo) & mask);
-          const unsigned peers = __match_any_sync(act, d);  // heavy ties: one shared atomic per bin per warp
-          if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
-        }
-      });
-      __syncthreads();
-      // thread i owns bins hi = kBins-1-2i and hi-1; `above` = keys in bins above hi (descending scan)
-      const int hi = kBins - 1 - 2 * tid;
-      const int h1 = hist[hi], h0 = hist[hi - 1];
-      int above;
-      Scan(scan_tmp).ExclusiveSum(h1 + h0, above);
-      if (above < need && need <= above + h1) {
-        bin_sh = hi, above_sh = above;
-      } else if (above + h1 < need && need <= above + h1 + h0) {
-        bin_sh = hi - 1, above_sh = above + h1;
-      }
-      __syncthreads();
-      const int b = bin_sh;
-      need -= above_sh;
-      P = (P << width) | static_cast<uint64_t>(b);
-      shift = lo;
-      const int cand = hist[b];
-      __syncthreads();  // every thread read hist / bin_sh before the next level rewrites them
-      if ((n - need) + cand <= kBuf || shift == 0) break;
-    }
-  }
-
-  // ---- 2. gather every key with prefix >= P (all valid keys when step 1 did not run)
-  if (tid == 0) count_sh = 0;
-  __syncthreads();
-  for_each_key(row, nloc, [&](bool in, int64_t k) {
-    const bool take = in && (static_cast<uint64_t>(k) >> shift) >= P;
-    const unsigned m = __ballot_sync(0xffffffffu, take);
-    int base = 0;
-    if (lane == 0 && m) base = atomicAdd(&count_sh, __popc(m));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    if (take) buf[base + __popc(m & ((1u << lane) - 1))] = k;
-  });
-  __syncthreads();
-  const int count = count_sh;
-
-  // ---- 3. bitonic sort of buf[0, size), descending; padding 0 sorts below every key (keys are >= 1)
-  int size = 2;
-  while (size < count) size <<= 1;
-  for (int i = count + tid; i < size; i += kThreads) buf[i] = 0;
-  __syncthreads();
-  for (int k = 2; k <= size; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < size; i += kThreads) {
-        const int p = i ^ j;
-        if (p > i) {
-          const int64_t x = buf[i], y = buf[p];
-          if (((i & k) == 0) ? (x < y) : (x > y)) buf[i] = y, buf[p] = x;
-        }
-      }
-      __syncthreads();
-    }
-  }
-  int64_t* out = a.out + static_cast<int64_t>(t) * n;
-  const int valid = count < n ? count : n;
-  for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;
+                a.rank, a.W, a.I, static_cast<int>(nl < a.Lmax ? nl : a.Lmax)};
+  int64_t* out = a.out + static_cast<int64_t>(t) * a.n;
+  if ((reinterpret_cast<uintptr_t>(a.logits) & 15) == 0 && (a.logits_stride & 3) == 0)
+    select_row<true>(row, a.n, out, sh, a.radix_only != 0);
+  else
+    select_row<false>(row, a.n, out, sh, a.radix_only != 0);
 }
 
 }  // namespace
@@ -188,13 +319,14 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
 // Returns a CUDA error code (0 = launched).
 extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t logits_stride, const void* seq_lens,
                                    int lens64, int Lmax, int n, int T, int rank, int W, int I, int64_t force_first,
-                                   int64_t force_last, cudaStream_t stream) {
+                                   int64_t force_last, int radix_only, cudaStream_t stream) {
   if (n < 1 || n > kMaxN || Lmax < 1 || T < 0 || W < 1 || I < 1 || rank < 0 || rank >= W)
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
   SelectParams a;
   a.out = out, a.logits = logits, a.logits_stride = logits_stride, a.seq_lens = seq_lens, a.lens64 = lens64;
   a.Lmax = Lmax, a.n = n, a.rank = rank, a.W = W, a.I = I, a.force_first = force_first, a.force_last = force_last;
+  a.radix_only = radix_only;
   topk_select_kernel<<<T, kThreads, 0, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }

@@ -61,19 +61,26 @@ def _scores(kind: str, T: int, L: int, g: torch.Generator) -> torch.Tensor:
         bits = torch.randint(0, 64, (T, L), generator=g, dtype=torch.int32)
         x = bits.view(torch.float32) * torch.where(torch.rand(T, L, generator=g) < 0.5, -1.0, 1.0)
         return torch.where(torch.rand(T, L, generator=g) < 0.2, torch.zeros_like(x), x)
+    if kind == "spiky":  # high scores exactly where the estimate samples a full row: its threshold overshoots
+        x = torch.randn(T, L, generator=g)
+        x[:, torch.arange(2048) * L // 2048] = 100.0 + torch.rand(T, 2048, generator=g)
+        return x
     if kind == "narrow":  # distinct values packed into a few top-bit bins
         return 1.0 + torch.rand(T, L, generator=g) * 1e-3
     raise ValueError(kind)
 
 
-CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths dtype)
+CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths dtype); L odd: unaligned rows
     ("normal", 3, 131072, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("normal", 3, 70001, 2048, 2, 1, 1, 0, 0, torch.int64),  # rows not 16-byte aligned: the scalar loads
+    ("ties", 2, 33333, 2048, 1, 0, 1, 0, 0, torch.int32),
     ("normal", 4, 65536, 2048, 2, 1, 1, 0, 0, torch.int32),
     ("ties", 3, 50000, 2048, 4, 3, 64, 0, 0, torch.int64),
     ("equal", 2, 40000, 2048, 2, 0, 1, 0, 0, torch.int64),
     ("equal", 2, 40000, 2048, 2, 1, 1, 5, 7, torch.int64),
     ("denormal", 3, 20000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("narrow", 2, 100000, 2048, 8, 5, 1, 0, 0, torch.int64),
+    ("spiky", 2, 60000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
     ("normal", 3, 4096, 2048, 2, 0, 1, 0, 0, torch.int64),
     ("ties", 3, 3000, 2048, 2, 1, 64, 0, 0, torch.int32),  # L < k: every valid key, sorted
@@ -87,8 +94,9 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-T{c[1]}-L{c[2]}-k{c[3]}-W{c[4]}r{c[5]}I{c[6]}" for c in CASES])
 def test_gpu_local_candidates_match_reference(case):
-    """``_local_keys`` (the CUDA selection, and the Triton keys + torch.topk path) equals the CPU reference on rows of
-    lengths 0, 1, short of k and far beyond it; scores past a row's local length are NaN / +inf garbage."""
+    """``_local_keys`` (the CUDA selection with and without its threshold estimate, and the Triton keys +
+    torch.topk path) equals the CPU reference on rows of lengths 0, 1, short of k and far beyond it; scores past a
+    row's local length are NaN / +inf garbage."""
     kind, T, L, k, W, r, I, ff, fl, ldt = case
     g = torch.Generator().manual_seed(CASES.index(case))
     logits = _scores(kind, T, L, g)
@@ -104,6 +112,9 @@ def test_gpu_local_candidates_match_reference(case):
     x, ln = logits.cuda(), lens.to(ldt).cuda()
     got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
     assert torch.equal(got, want), (got[:, :8], want[:, :8])
+    with mock.patch.dict(ops.TUNING, {"select_radix_only": True}):
+        got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
+        assert torch.equal(got, want), (got[:, :8], want[:, :8])
     with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
         assert torch.equal(_local_keys(x, ln, k, r, W, I, ff, fl).cpu(), want)
 

@@ -23,7 +23,13 @@ __all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge", "selec
 #: N > 0 forces the place-all mode with N CTAs per row, -1 never picks it. Both 0: the rule of :func:`grid`.
 #: ``local_select``: "auto" selects local candidates with the CUDA kernel on a GPU where it builds and the row's
 #: n = min(topk, L) is at most :func:`select_max_n`; "torch" always takes the Triton keys kernel + ``torch.topk``.
-TUNING = {"cuda_merge_ctas_per_row": 0, "cuda_merge_place_all_ctas": 0, "local_select": "auto"}
+#: ``select_radix_only``: the CUDA selection skips its threshold estimate (tests and diagnosis of the exact path).
+TUNING = {
+    "cuda_merge_ctas_per_row": 0,
+    "cuda_merge_place_all_ctas": 0,
+    "local_select": "auto",
+    "select_radix_only": False,
+}
 #: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
 #: so past a few CTAs the shared placement work no longer pays for the repeated staging
 MAX_CTAS_PER_ROW = 4
@@ -66,7 +72,9 @@ def load() -> ctypes.CDLL:
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
     lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
     lib.peerdcp_topk_select.restype = ctypes.c_int
-    lib.peerdcp_topk_select.argtypes = [_vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _vp]
+    lib.peerdcp_topk_select.argtypes = [
+        _vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _i32, _vp
+    ]  # fmt: skip
     lib.peerdcp_topk_select_max_n.restype = ctypes.c_int
     lib.peerdcp_topk_select_max_n.argtypes = []
     return lib
@@ -204,6 +212,7 @@ def select(
         interleave,
         force_first,
         force_last,
+        int(bool(TUNING["select_radix_only"])),
         stream,
     )
     if rc != 0:

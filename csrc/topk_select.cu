@@ -10,14 +10,16 @@
 // list (n = min(topk, Lmax)) with -1 past the row's valid keys.
 //
 // One CTA per row, computing keys on the fly from the scores (no key array in global memory):
-//   1. Rows of more than kBuf valid keys: an estimate tau from the sorted keys of kSample evenly spaced rows (the
-//      key with about (n + kBuf) / 2 of the row's keys above it), then one pass gathers every key >= tau into
-//      shared memory. When that gives fewer than n or more than kBuf keys (scores whose order correlates with the
-//      sample's spacing), an exact radix select finds the prefix of the n-th key level by level (a histogram of
-//      the next kBits bits per level, one pass each; heavy ties up to six) and a pass gathers the keys above it.
-//      Keys are unique, so both gather exactly the keys above a threshold that is itself a key.
-//   2. A bitonic sort of the <= kBuf gathered keys, descending (registers, warp shuffles, shared memory across
-//      warps); the first n (or every valid one) are stored, -1 after them.
+//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted keys of kSample evenly spaced
+//      rows (the keys with about n + (kBuf - n) * f / 16 of the row's keys above them), then one pass gathers
+//      every key >= the middle threshold into shared memory; too many (> kBuf) or too few (< n) keys retry with
+//      the next threshold up or down. When that fails (scores whose order correlates with the sample's spacing),
+//      an exact radix select finds the prefix of the n-th key level by level (a histogram of the next kBits bits
+//      per level, one pass each; heavy ties up to six) and a pass gathers the keys above it. Keys are unique, so
+//      every gather takes exactly the keys above a threshold.
+//   2. A sort of the <= kBuf gathered keys, descending (sort_desc: per-warp bitonic networks in registers, then
+//      merges of sorted runs by binary search in shared memory); the first n (or every valid one) are stored,
+//      -1 after them.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -29,6 +31,8 @@ constexpr int kThreads = 1024;
 constexpr int kBuf = 4096;   // keys the final sort holds (4 per thread); rows of <= kBuf valid keys take them all
 constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
 constexpr int kSample = 2048;  // keys of the threshold estimate (2 per thread)
+constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
+__constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
 constexpr int kBits = 11, kBins = 1 << kBits;
 constexpr int kUnroll = 4;  // float4 loads each thread has in flight per step (64 B: memory-level parallelism)
 
@@ -117,47 +121,67 @@ __device__ __forceinline__ void for_each_key(const Row& row, F f) {
   }
 }
 
-// Bitonic sort, descending, of the R * kThreads keys v[r] of thread tid = element r * kThreads + tid. Partners
-// within a warp exchange by shuffles, across warps through `sm` (R * kThreads keys), within a thread in registers.
+// Sorts the N = R * kThreads keys of the CTA descending into buf[0, N): thread tid brings v[r] (any order). Each
+// warp first sorts its 32 R keys in registers (a bitonic network: warp shuffles, and register swaps for partners
+// 32 and 64 elements apart), then sorted runs are merged pairwise, log2(kThreads / 32) times: an element's new
+// index is its index in its run plus the number of keys of the other run above it, found by binary lifting in
+// shared memory; among equal keys (only the padding zeros) the left run's come first, so no two elements share
+// an index. Every element is read, then written once per level: one buffer, two barriers per level.
 template <int R>
-__device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* sm) {
-  const int tid = threadIdx.x;
-  constexpr int N = R * kThreads;
-  for (int k = 2; k <= N; k <<= 1) {
+__device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* buf) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kRun = 32 * R, N = R * kThreads;
+#pragma unroll
+  for (int k = 2; k <= kRun; k <<= 1) {
+#pragma unroll
     for (int j = k >> 1; j > 0; j >>= 1) {
-      if (j >= kThreads) {  // partner: the same thread's register r ^ (j / kThreads)
-        const int rj = j / kThreads;
+      int64_t o[R];  // every partner's old value first: partners in registers are both updated below
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r)
+        o[r] = j >= 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);  // constant index once unrolled
 #pragma unroll
-          for (int q = r + 1; q < R; ++q) {
-            if ((r ^ q) != rj) continue;
-            const bool desc = ((r * kThreads + tid) & k) == 0;  // element r is the pair's lower index
-            const int64_t a = v[r], b = v[q];
-            if (desc ? a < b : a > b) v[r] = b, v[q] = a;
-          }
-        }
-      } else {
-        int64_t o[R];
-        if (j >= 32) {  // another warp: through shared memory
-#pragma unroll
-          for (int r = 0; r < R; ++r) sm[r * kThreads + tid] = v[r];
-          __syncthreads();
-#pragma unroll
-          for (int r = 0; r < R; ++r) o[r] = sm[(r * kThreads + tid) ^ j];
-          __syncthreads();  // every partner read before the next step's stores
-        } else {
-#pragma unroll
-          for (int r = 0; r < R; ++r) o[r] = __shfl_xor_sync(0xffffffffu, v[r], j);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const int i = r * kThreads + tid;
-          const bool keep_max = ((i & k) == 0) == ((i & j) == 0);  // descending block: the lower index keeps the max
-          v[r] = keep_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
-        }
+      for (int r = 0; r < R; ++r) {
+        const int e = r * 32 + lane;  // the key's index in the warp's run
+        const bool keep_max = ((e & k) == 0) == ((e & j) == 0);  // descending block: the lower index keeps the max
+        v[r] = keep_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
       }
     }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) buf[warp * kRun + r * 32 + lane] = v[r];
+  __syncthreads();
+  for (int run = kRun; run < N; run <<= 1) {
+    int64_t x[R];
+    int c[R], base[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = r * kThreads + tid;
+      x[r] = buf[i];
+      base[r] = ((i / run) ^ 1) * run;  // the other run of the pair
+      c[r] = 0;
+    }
+    // c = keys of the other run above x (x in the left run) or at least x (right run); R searches in step
+    for (int step = run >> 1; step > 0; step >>= 1) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool left = (((r * kThreads + tid) / run) & 1) == 0;
+        const int64_t y = buf[base[r] + c[r] + step - 1];
+        if (left ? y > x[r] : y >= x[r]) c[r] += step;
+      }
+    }
+    int pos[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = r * kThreads + tid;
+      const bool left = ((i / run) & 1) == 0;
+      const int64_t y = buf[base[r] + c[r]];
+      c[r] += (left ? y > x[r] : y >= x[r]) ? 1 : 0;
+      pos[r] = ((i / run) & ~1) * run + (i & (run - 1)) + c[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) buf[pos[r]] = x[r];
+    __syncthreads();
   }
 }
 
@@ -168,7 +192,7 @@ struct Shared {
   int hist[kBins];
   typename Scan::TempStorage scan;
   int count, bin, above;
-  int64_t tau;
+  int64_t tau[kTries];  // the estimate's thresholds, highest first
 };
 
 template <bool VEC>
@@ -200,11 +224,11 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   if (nloc <= kBuf) {
     count = gather_from(0);
   } else {
-    // ---- 1. estimate: the keys of kSample evenly spaced rows, sorted; tau = the one with about (n + kBuf) / 2
-    // keys of the row above it. One pass then gathers the keys >= tau; the estimate only decides the speed:
-    // a count outside [n, kBuf] falls back to the exact radix select below.
+    // ---- 1. estimate (it only decides the speed: a count outside [n, kBuf] falls back to the radix select)
     count = 0;
     if (!radix_only) {
+      // thresholds for expected counts n + (kBuf - n) * f / 16, f = kFrac: the middle one first, then a higher
+      // threshold after too many keys, a lower one after too few, each one more gather pass
       int64_t s[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -212,14 +236,20 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         s[r] = row.key_at(static_cast<int>(static_cast<int64_t>(j) * nloc / kSample));
       }
       sort_desc<2>(s, buf);
-      const int64_t target = (static_cast<int64_t>(n) + kBuf) / 2;
-      int q = static_cast<int>(target * kSample / nloc) - 1;
-      q = q < 0 ? 0 : (q > kSample - 1 ? kSample - 1 : q);
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (r * kThreads + tid == q) sh.tau = s[r];
+      if (tid < kTries) {
+        const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
+        int q = static_cast<int>(want * kSample / nloc) - 1;
+        q = q < 0 ? 0 : (q > kSample - 1 ? kSample - 1 : q);
+        sh.tau[tid] = buf[q];
+      }
       __syncthreads();
-      count = gather_from(sh.tau);
+      int t = kTries / 2, dir = 0;
+      while (true) {
+        count = gather_from(sh.tau[t]);
+        const int d = count > kBuf ? -1 : (count < n ? 1 : 0);  // -1: a higher threshold (smaller f)
+        if (d == 0 || d == -dir || t + d < 0 || t + d >= kTries) break;
+        dir = d, t += d;
+      }
     }
     if (count < n || count > kBuf) {
       // ---- 2. exact radix select: a histogram of the next kBits bits of every key matching the prefix P found

@@ -217,7 +217,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       if (take && slot < kBuf) buf[slot] = k;
     });
     __syncthreads();
-    return sh.count;
+    const int c = sh.count;
+    __syncthreads();  // every thread read the count before a next gather resets it
+    return c;
   };
 
   int count;

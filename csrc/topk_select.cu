@@ -300,31 +300,22 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     }
   }
 
-  // ---- 3. sort the count <= kBuf gathered keys, descending (padding 0 sorts below every key: keys are >= 1)
-  const int valid = count < n ? count : n;
+  // ---- 3. sort the count <= kBuf gathered keys into buf, descending (padding 0 sorts below every key: keys >= 1)
   if (count <= 2 * kThreads) {
     int64_t v[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) v[r] = r * kThreads + tid < count ? buf[r * kThreads + tid] : 0;
-    __syncthreads();  // buf is the sort's exchange area
+    __syncthreads();  // every key read before the sort rewrites buf
     sort_desc<2>(v, buf);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = r * kThreads + tid;
-      if (i < n) out[i] = i < valid ? v[r] : -1;
-    }
   } else {
     int64_t v[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) v[r] = r * kThreads + tid < count ? buf[r * kThreads + tid] : 0;
     __syncthreads();
     sort_desc<4>(v, buf);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = r * kThreads + tid;
-      if (i < n) out[i] = i < valid ? v[r] : -1;
-    }
   }
+  const int valid = count < n ? count : n;
+  for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;
 }
 
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {

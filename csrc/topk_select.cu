@@ -36,6 +36,23 @@ __constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
 constexpr int kBits = 11, kBins = 1 << kBits;
 constexpr int kUnroll = 4;  // float4 loads each thread has in flight per step (64 B: memory-level parallelism)
 
+#ifdef PEERDCP_SELECT_TRACE
+// Diagnosis build only (scripts/diag/select_phases.py sets PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE): CTA 0's
+// thread 0 stamps %globaltimer at each phase boundary; peerdcp_topk_select_trace copies the stamps out.
+__device__ long long g_trace[8];
+__device__ __forceinline__ void trace(int i) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (i == 0)
+      for (int j = 1; j < 8; ++j) g_trace[j] = 0;  // phases that do not run stay 0
+    g_trace[i] = t;
+  }
+}
+#else
+__device__ __forceinline__ void trace(int) {}
+#endif
+
 struct SelectParams {
   int64_t* out;          // [T, n] int64 keys, descending, -1 tail
   const float* logits;   // row t at logits + t * logits_stride
@@ -223,6 +240,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   };
 
   int count;
+  trace(0);
   if (nloc <= kBuf) {
     count = gather_from(0);
   } else {
@@ -238,6 +256,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         s[r] = row.key_at(static_cast<int>(static_cast<int64_t>(j) * nloc / kSample));
       }
       sort_desc<2>(s, buf);
+      trace(1);
       if (tid < kTries) {
         const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
         int q = static_cast<int>(want * kSample / nloc) - 1;
@@ -252,6 +271,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         if (d == 0 || d == -dir || t + d < 0 || t + d >= kTries) break;
         dir = d, t += d;
       }
+      trace(2);
     }
     if (count < n || count > kBuf) {
       // ---- 2. exact radix select: a histogram of the next kBits bits of every key matching the prefix P found
@@ -297,6 +317,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       }
       // the keys with prefix >= P: the smallest such key is P << shift
       count = gather_from(static_cast<int64_t>(P << shift));
+      trace(3);
     }
   }
 
@@ -314,8 +335,10 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     __syncthreads();
     sort_desc<4>(v, buf);
   }
+  trace(4);
   const int valid = count < n ? count : n;
   for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;
+  trace(5);
 }
 
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
@@ -356,3 +379,9 @@ extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t lo
 
 // Largest n the kernel selects (the host takes torch.topk above it).
 extern "C" int peerdcp_topk_select_max_n() { return kMaxN; }
+
+#ifdef PEERDCP_SELECT_TRACE
+extern "C" int peerdcp_topk_select_trace(long long* host) {
+  return static_cast<int>(cudaMemcpyFromSymbol(host, g_trace, sizeof(long long) * 8));
+}
+#endif

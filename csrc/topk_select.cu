@@ -64,32 +64,41 @@ struct SelectParams {
   int radix_only;  // 1: skip the estimate (tests and diagnosis run the radix select on every row)
 };
 
-__device__ __forceinline__ int64_t canonical_key(uint32_t bits, int64_t g) {
-  // bitwise, so no flush-to-zero (this library builds with --use_fast_math) can merge a denormal with zero
-  if ((bits & 0x7fffffffu) == 0) bits = 0;  // -0 == +0
-  int64_t o;
-  if ((bits & 0x7fffffffu) > 0x7f800000u)
-    o = 0;  // NaN ranks below -inf
-  else
-    o = (bits & 0x80000000u) ? static_cast<int64_t>(bits ^ 0xffffffffu) : static_cast<int64_t>(bits ^ 0x80000000u);
-  return (o << 31) | (2147483647LL - g);
+// ordered(s): the score's 32 canonical bits (reference.ordered_bits), bitwise, so no flush-to-zero (this library
+// builds with --use_fast_math) can merge a denormal with zero
+__device__ __forceinline__ uint32_t ordered_bits(uint32_t bits) {
+  if ((bits & 0x7fffffffu) == 0) bits = 0;                // -0 == +0
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0;       // NaN ranks below -inf
+  return (bits & 0x80000000u) ? bits ^ 0xffffffffu : bits ^ 0x80000000u;
 }
 
 struct Row {
   const float* x;
   int64_t L, ff, fl;
   int rank, W, I, nloc;
-  __device__ __forceinline__ int64_t key(float s, int l) const {
-    const int64_t g = I == 1 ? static_cast<int64_t>(l) * W + rank
-                             : static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) * I + l % I;
+  bool forced;  // ff > 0 or fl > 0: some tokens score +inf
+  __device__ __forceinline__ int64_t gid(int l) const {
+    return I == 1 ? static_cast<int64_t>(l) * W + rank
+                  : static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) * I + l % I;
+  }
+  // the canonical key's score part of local row l with score s (forced tokens: +inf)
+  __device__ __forceinline__ uint32_t ordered(float s, int l) const {
     uint32_t bits = __float_as_uint(s);
-    if (g < ff || g >= L - fl) bits = 0x7f800000u;  // forced: +inf
-    return canonical_key(bits, g);
+    if (forced) {
+      const int64_t g = gid(l);
+      if (g < ff || g >= L - fl) bits = 0x7f800000u;
+    }
+    return ordered_bits(bits);
+  }
+  // its id part: 2^31 - 1 - g (a larger id ranks lower)
+  __device__ __forceinline__ int64_t id_part(int l) const { return 2147483647LL - gid(l); }
+  __device__ __forceinline__ int64_t key(float s, int l) const {
+    return (static_cast<int64_t>(ordered(s, l)) << 31) | id_part(l);
   }
   __device__ __forceinline__ int64_t key_at(int l) const { return key(__ldg(x + l), l); }
 };
 
-// Calls f(in, key) for every valid local row l < nloc, warp-uniformly: every lane of a warp makes the same number
+// Calls f(in, l, score) for every valid local row l < nloc, warp-uniformly: every lane of a warp makes the same number
 // of calls, `in` false for lanes past the row's end (so f may use warp votes). VEC: 16-byte loads (row aligned).
 template <bool VEC, typename F>
 __device__ __forceinline__ void for_each_key(const Row& row, F f) {
@@ -115,8 +124,7 @@ __device__ __forceinline__ void for_each_key(const Row& row, F f) {
         const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const bool in = l + c < row.nloc;
-          f(in, in ? row.key(e[c], l + c) : int64_t{0});
+          f(l + c < row.nloc, l + c, e[c]);
         }
       }
     }
@@ -131,8 +139,7 @@ __device__ __forceinline__ void for_each_key(const Row& row, F f) {
 #pragma unroll
       for (int u = 0; u < kUnroll * 4; ++u) {
         const int l = base + u * kThreads + tid;
-        const bool in = l < row.nloc;
-        f(in, in ? row.key(v[u], l) : int64_t{0});
+        f(l < row.nloc, l, v[u]);
       }
     }
   }
@@ -140,10 +147,8 @@ __device__ __forceinline__ void for_each_key(const Row& row, F f) {
 
 // Sorts the N = R * kThreads keys of the CTA descending into buf[0, N): thread tid brings v[r] (any order). Each
 // warp first sorts its 32 R keys in registers (a bitonic network: warp shuffles, and register swaps for partners
-// 32 and 64 elements apart), then sorted runs are merged pairwise, log2(kThreads / 32) times: an element's new
-// index is its index in its run plus the number of keys of the other run above it, found by binary lifting in
-// shared memory; among equal keys (only the padding zeros) the left run's come first, so no two elements share
-// an index. Every element is read, then written once per level: one buffer, two barriers per level.
+// 32 and 64 elements apart), then sorted runs are merged pairwise, log2(kThreads / 32) times, by merge path in
+// shared memory (one buffer: every output is computed in registers before a barrier, then stored).
 template <int R>
 __device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* buf) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -167,37 +172,34 @@ __device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* buf) {
 #pragma unroll
   for (int r = 0; r < R; ++r) buf[warp * kRun + r * 32 + lane] = v[r];
   __syncthreads();
+  // merge levels (merge path): thread tid makes outputs [tid * R, tid * R + R) of its pair of runs A (left) and
+  // B (right): a binary search on its diagonal d finds how many of the first d outputs come from A, then R steps
+  // of a sequential merge; A's key goes first among equals (only the padding zeros are equal)
   for (int run = kRun; run < N; run <<= 1) {
+    const int d0 = tid * R, pair = d0 / (2 * run), d = d0 - pair * 2 * run;
+    const int64_t* A = buf + pair * 2 * run;
+    const int64_t* B = A + run;
+    int lo = d > run ? d - run : 0, hi = d < run ? d : run;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (A[mid] >= B[d - 1 - mid])
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    int i = lo, j = d - lo;
     int64_t x[R];
-    int c[R], base[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int i = r * kThreads + tid;
-      x[r] = buf[i];
-      base[r] = ((i / run) ^ 1) * run;  // the other run of the pair
-      c[r] = 0;
+      const int64_t a = i < run ? A[i] : 0, b = j < run ? B[j] : 0;
+      const bool from_a = j >= run || (i < run && a >= b);
+      x[r] = from_a ? a : b;
+      i += from_a ? 1 : 0;
+      j += from_a ? 0 : 1;
     }
-    // c = keys of the other run above x (x in the left run) or at least x (right run); R searches in step
-    for (int step = run >> 1; step > 0; step >>= 1) {
+    __syncthreads();  // every thread read its inputs before any output overwrites them
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const bool left = (((r * kThreads + tid) / run) & 1) == 0;
-        const int64_t y = buf[base[r] + c[r] + step - 1];
-        if (left ? y > x[r] : y >= x[r]) c[r] += step;
-      }
-    }
-    int pos[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int i = r * kThreads + tid;
-      const bool left = ((i / run) & 1) == 0;
-      const int64_t y = buf[base[r] + c[r]];
-      c[r] += (left ? y > x[r] : y >= x[r]) ? 1 : 0;
-      pos[r] = ((i / run) & ~1) * run + (i & (run - 1)) + c[r];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r) buf[pos[r]] = x[r];
+    for (int r = 0; r < R; ++r) buf[d0 + r] = x[r];
     __syncthreads();
   }
 }
@@ -223,15 +225,19 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   auto gather_from = [&](int64_t lo) -> int {
     if (tid == 0) sh.count = 0;
     __syncthreads();
-    for_each_key<VEC>(row, [&](bool in, int64_t k) {
-      const bool take = in && k >= lo;
+    // key >= lo compared on the score part first: the id (a 64-bit multiply-add) only on a tie with lo's
+    const uint32_t lo_o = static_cast<uint32_t>(lo >> 31);
+    const int64_t lo_id = lo & 2147483647LL;
+    for_each_key<VEC>(row, [&](bool in, int l, float s) {
+      const uint32_t o = row.ordered(s, l);
+      const bool take = in && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
       const unsigned m = __ballot_sync(0xffffffffu, take);
       if (m == 0) return;
       int base = 0;
       if (lane == 0) base = atomicAdd(&sh.count, __popc(m));
       base = __shfl_sync(0xffffffffu, base, 0);
       const int slot = base + __popc(m & ((1u << lane) - 1));
-      if (take && slot < kBuf) buf[slot] = k;
+      if (take && slot < kBuf) buf[slot] = (static_cast<int64_t>(o) << 31) | row.id_part(l);
     });
     __syncthreads();
     const int c = sh.count;
@@ -285,8 +291,8 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         const uint64_t mask = (1ull << width) - 1;
         for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
         __syncthreads();
-        for_each_key<VEC>(row, [&](bool in, int64_t k) {
-          const uint64_t u = static_cast<uint64_t>(k);
+        for_each_key<VEC>(row, [&](bool in, int l, float s) {
+          const uint64_t u = in ? static_cast<uint64_t>(row.key(s, l)) : 0;
           const bool match = in && (u >> shift) == P;
           const unsigned act = __ballot_sync(0xffffffffu, match);
           if (match) {
@@ -351,7 +357,7 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
   rem = rem < 0 ? 0 : (rem > a.I ? a.I : rem);
   const int64_t nl = L > 0 ? (L / IW) * a.I + rem : 0;
   const Row row{a.logits + static_cast<int64_t>(t) * a.logits_stride, L, a.force_first, a.force_last,
-                a.rank, a.W, a.I, static_cast<int>(nl < a.Lmax ? nl : a.Lmax)};
+                a.rank, a.W, a.I, static_cast<int>(nl < a.Lmax ? nl : a.Lmax), a.force_first > 0 || a.force_last > 0};
   int64_t* out = a.out + static_cast<int64_t>(t) * a.n;
   if ((reinterpret_cast<uintptr_t>(a.logits) & 15) == 0 && (a.logits_stride & 3) == 0)
     select_row<true>(row, a.n, out, sh, a.radix_only != 0);

@@ -34,7 +34,7 @@ constexpr int kSample = 2048;  // keys of the threshold estimate (2 per thread)
 constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
 __constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
 constexpr int kBits = 11, kBins = 1 << kBits;
-constexpr int kUnroll = 4;  // float4 loads each thread has in flight per step (64 B: memory-level parallelism)
+constexpr int kUnroll = 2;  // float4 loads each thread has in flight per step (4: register spills at 64)
 
 #ifdef PEERDCP_SELECT_TRACE
 // Diagnosis build only (scripts/diag/select_phases.py sets PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE): CTA 0's
@@ -98,49 +98,40 @@ struct Row {
   __device__ __forceinline__ int64_t key_at(int l) const { return key(__ldg(x + l), l); }
 };
 
-// Calls f(in, l, score) for every valid local row l < nloc, warp-uniformly: every lane of a warp makes the same number
-// of calls, `in` false for lanes past the row's end (so f may use warp votes). VEC: 16-byte loads (row aligned).
-template <bool VEC, typename F>
-__device__ __forceinline__ void for_each_key(const Row& row, F f) {
+constexpr int kPerStep = kUnroll * 4;          // scores each thread loads per step
+constexpr int kStep = kThreads * kPerStep;     // scores the CTA loads per step
+
+// Local row of a thread's e-th score of the step at `base` (VEC: four consecutive rows per 16-byte load).
+template <bool VEC>
+__device__ __forceinline__ int row_of(int base, int e) {
   const int tid = threadIdx.x;
+  return VEC ? base + ((e >> 2) * kThreads + tid) * 4 + (e & 3) : base + e * kThreads + tid;
+}
+
+// The thread's kPerStep scores of the step at `base` (0 past the row's valid rows, which are never read).
+// VEC: 16-byte loads (rows 16-byte aligned).
+template <bool VEC>
+__device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[kPerStep]) {
   if constexpr (VEC) {
-    for (int base = 0; base < row.nloc; base += kThreads * kUnroll * 4) {
-      float4 v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int l = base + (u * kThreads + tid) * 4;
-        if (l + 4 <= row.nloc) {
-          v[u] = __ldg(reinterpret_cast<const float4*>(row.x + l));
-        } else {  // the row's last partial vector: never read past its valid scores (nor its allocation)
-          v[u].x = l < row.nloc ? __ldg(row.x + l) : 0.0f;
-          v[u].y = l + 1 < row.nloc ? __ldg(row.x + l + 1) : 0.0f;
-          v[u].z = l + 2 < row.nloc ? __ldg(row.x + l + 2) : 0.0f;
-          v[u].w = 0.0f;  // l + 3 >= nloc here
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int l = row_of<true>(base, 4 * u);
+      float4 q;
+      if (l + 4 <= row.nloc) {
+        q = __ldg(reinterpret_cast<const float4*>(row.x + l));
+      } else {  // the row's last partial vector: never read past its valid scores (nor its allocation)
+        q.x = l < row.nloc ? __ldg(row.x + l) : 0.0f;
+        q.y = l + 1 < row.nloc ? __ldg(row.x + l + 1) : 0.0f;
+        q.z = l + 2 < row.nloc ? __ldg(row.x + l + 2) : 0.0f;
+        q.w = 0.0f;  // l + 3 >= nloc here
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int l = base + (u * kThreads + tid) * 4;
-        const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          f(l + c < row.nloc, l + c, e[c]);
-        }
-      }
+      v[4 * u] = q.x, v[4 * u + 1] = q.y, v[4 * u + 2] = q.z, v[4 * u + 3] = q.w;
     }
   } else {
-    for (int base = 0; base < row.nloc; base += kThreads * kUnroll * 4) {
-      float v[kUnroll * 4];
 #pragma unroll
-      for (int u = 0; u < kUnroll * 4; ++u) {
-        const int l = base + u * kThreads + tid;
-        v[u] = l < row.nloc ? __ldg(row.x + l) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll * 4; ++u) {
-        const int l = base + u * kThreads + tid;
-        f(l < row.nloc, l, v[u]);
-      }
+    for (int e = 0; e < kPerStep; ++e) {
+      const int l = row_of<false>(base, e);
+      v[e] = l < row.nloc ? __ldg(row.x + l) : 0.0f;
     }
   }
 }
@@ -222,23 +213,41 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   const int nloc = row.nloc;
 
   // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf dropped)
+  // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf
+  // dropped). A warp claims the slots of a whole step with one shared atomic (one per element ballot made the
+  // single counter the bottleneck); key >= lo is compared on the score part first, the id only on a tie.
   auto gather_from = [&](int64_t lo) -> int {
     if (tid == 0) sh.count = 0;
     __syncthreads();
-    // key >= lo compared on the score part first: the id (a 64-bit multiply-add) only on a tie with lo's
     const uint32_t lo_o = static_cast<uint32_t>(lo >> 31);
     const int64_t lo_id = lo & 2147483647LL;
-    for_each_key<VEC>(row, [&](bool in, int l, float s) {
-      const uint32_t o = row.ordered(s, l);
-      const bool take = in && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
-      const unsigned m = __ballot_sync(0xffffffffu, take);
-      if (m == 0) return;
-      int base = 0;
-      if (lane == 0) base = atomicAdd(&sh.count, __popc(m));
-      base = __shfl_sync(0xffffffffu, base, 0);
-      const int slot = base + __popc(m & ((1u << lane) - 1));
-      if (take && slot < kBuf) buf[slot] = (static_cast<int64_t>(o) << 31) | row.id_part(l);
-    });
+    const unsigned below = (1u << lane) - 1;
+    for (int base = 0; base < nloc; base += kStep) {
+      float v[kPerStep];
+      load_step<VEC>(row, base, v);
+      unsigned m[kPerStep];
+      int total = 0;
+#pragma unroll
+      for (int e = 0; e < kPerStep; ++e) {
+        const int l = row_of<VEC>(base, e);
+        const uint32_t o = row.ordered(v[e], l);
+        const bool take = l < nloc && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
+        m[e] = __ballot_sync(0xffffffffu, take);
+        total += __popc(m[e]);
+      }
+      if (total == 0) continue;  // (warp-uniform)
+      int slot = 0;
+      if (lane == 0) slot = atomicAdd(&sh.count, total);
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+      for (int e = 0; e < kPerStep; ++e) {
+        if ((m[e] >> lane) & 1u) {
+          const int l = row_of<VEC>(base, e), at = slot + __popc(m[e] & below);
+          if (at < kBuf) buf[at] = (static_cast<int64_t>(row.ordered(v[e], l)) << 31) | row.id_part(l);
+        }
+        slot += __popc(m[e]);
+      }
+    }
     __syncthreads();
     const int c = sh.count;
     __syncthreads();  // every thread read the count before a next gather resets it
@@ -291,16 +300,23 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         const uint64_t mask = (1ull << width) - 1;
         for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
         __syncthreads();
-        for_each_key<VEC>(row, [&](bool in, int l, float s) {
-          const uint64_t u = in ? static_cast<uint64_t>(row.key(s, l)) : 0;
-          const bool match = in && (u >> shift) == P;
-          const unsigned act = __ballot_sync(0xffffffffu, match);
-          if (match) {
-            const int d = static_cast<int>((u >> lo) & mask);
-            const unsigned peers = __match_any_sync(act, d);  // heavy ties: one shared atomic per bin per warp
-            if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
+        for (int base = 0; base < nloc; base += kStep) {
+          float v[kPerStep];
+          load_step<VEC>(row, base, v);
+#pragma unroll
+          for (int e = 0; e < kPerStep; ++e) {
+            const int l = row_of<VEC>(base, e);
+            const bool in = l < nloc;
+            const uint64_t u = in ? static_cast<uint64_t>(row.key(v[e], l)) : 0;
+            const bool match = in && (u >> shift) == P;
+            const unsigned act = __ballot_sync(0xffffffffu, match);
+            if (match) {
+              const int d = static_cast<int>((u >> lo) & mask);
+              const unsigned peers = __match_any_sync(act, d);  // heavy ties: one shared atomic per bin per warp
+              if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
+            }
           }
-        });
+        }
         __syncthreads();
         // thread i owns bins hi = kBins-1-2i and hi-1; `above` = keys in bins above hi (descending scan)
         const int hi = kBins - 1 - 2 * tid;

@@ -221,6 +221,14 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     __syncthreads();
     const uint32_t lo_o = static_cast<uint32_t>(lo >> 31);
     const int64_t lo_id = lo & 2147483647LL;
+    // lo's score as a float: for a row without forced tokens, ordered(s) > lo_o <=> s > lo_f and ordered(s) ==
+    // lo_o <=> s == lo_f (the order is the float order; -0 == +0 in both) when lo_f is a normal number or inf:
+    // not for lo_o == 0 (NaN ranks lowest), and not for a zero or denormal lo_f, which the flush-to-zero of
+    // --use_fast_math would merge with the denormal scores (a denormal s compared with a normal lo_f is on the
+    // right side even when flushed)
+    const uint32_t lo_bits = (lo_o & 0x80000000u) ? lo_o ^ 0x80000000u : lo_o ^ 0xffffffffu;
+    const float lo_f = __uint_as_float(lo_bits);
+    const bool fast = !row.forced && lo_o != 0 && (lo_bits & 0x7f800000u) != 0;
     const unsigned below = (1u << lane) - 1;
     for (int base = 0; base < nloc; base += kStep) {
       float v[kPerStep];
@@ -230,8 +238,13 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
 #pragma unroll
       for (int e = 0; e < kPerStep; ++e) {
         const int l = row_of<VEC>(base, e);
-        const uint32_t o = row.ordered(v[e], l);
-        const bool take = l < nloc && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
+        bool take;
+        if (fast) {
+          take = l < nloc && (v[e] > lo_f || (v[e] == lo_f && row.id_part(l) >= lo_id));
+        } else {
+          const uint32_t o = row.ordered(v[e], l);
+          take = l < nloc && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
+        }
         m[e] = __ballot_sync(0xffffffffu, take);
         total += __popc(m[e]);
       }
@@ -241,6 +254,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       slot = __shfl_sync(0xffffffffu, slot, 0);
 #pragma unroll
       for (int e = 0; e < kPerStep; ++e) {
+        if (m[e] == 0) continue;  // (warp-uniform)
         if ((m[e] >> lane) & 1u) {
           const int l = row_of<VEC>(base, e), at = slot + __popc(m[e] & below);
           if (at < kBuf) buf[at] = (static_cast<int64_t>(row.ordered(v[e], l)) << 31) | row.id_part(l);

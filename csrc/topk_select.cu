@@ -230,36 +230,36 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     const float lo_f = __uint_as_float(lo_bits);
     const bool fast = !row.forced && lo_o != 0 && (lo_bits & 0x7f800000u) != 0;
     const unsigned below = (1u << lane) - 1;
-    float v[kPerStep], next[kPerStep];
-    load_step<VEC>(row, 0, next);
     for (int base = 0; base < nloc; base += kStep) {
-      // the next step's loads go out before this step's compares: two steps of loads in flight
-#pragma unroll
-      for (int e = 0; e < kPerStep; ++e) v[e] = next[e];
-      if (base + kStep < nloc) load_step<VEC>(row, base + kStep, next);
-      auto takes = [&](int e) {
-        const int l = row_of<VEC>(base, e);
-        if (fast) return l < nloc && (v[e] > lo_f || (v[e] == lo_f && row.id_part(l) >= lo_id));
-        const uint32_t o = row.ordered(v[e], l);
-        return l < nloc && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
-      };
+      float v[kPerStep];
+      load_step<VEC>(row, base, v);
+      unsigned m[kPerStep];
       int total = 0;
 #pragma unroll
-      for (int e = 0; e < kPerStep; ++e) total += __popc(__ballot_sync(0xffffffffu, takes(e)));
+      for (int e = 0; e < kPerStep; ++e) {
+        const int l = row_of<VEC>(base, e);
+        bool take;
+        if (fast) {
+          take = l < nloc && (v[e] > lo_f || (v[e] == lo_f && row.id_part(l) >= lo_id));
+        } else {
+          const uint32_t o = row.ordered(v[e], l);
+          take = l < nloc && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
+        }
+        m[e] = __ballot_sync(0xffffffffu, take);
+        total += __popc(m[e]);
+      }
       if (total == 0) continue;  // (warp-uniform)
       int slot = 0;
       if (lane == 0) slot = atomicAdd(&sh.count, total);
       slot = __shfl_sync(0xffffffffu, slot, 0);
-      // the votes again (a compare each) rather than kPerStep more live registers
 #pragma unroll
       for (int e = 0; e < kPerStep; ++e) {
-        const bool take = takes(e);
-        const unsigned m = __ballot_sync(0xffffffffu, take);
-        if (take) {
-          const int l = row_of<VEC>(base, e), at = slot + __popc(m & below);
+        if (m[e] == 0) continue;  // (warp-uniform)
+        if ((m[e] >> lane) & 1u) {
+          const int l = row_of<VEC>(base, e), at = slot + __popc(m[e] & below);
           if (at < kBuf) buf[at] = (static_cast<int64_t>(row.ordered(v[e], l)) << 31) | row.id_part(l);
         }
-        slot += __popc(m);
+        slot += __popc(m[e]);
       }
     }
     __syncthreads();

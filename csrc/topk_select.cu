@@ -18,8 +18,11 @@
 //      per level, one pass each; heavy ties up to six) and a pass gathers the keys above it. Keys are unique, so
 //      every gather takes exactly the keys above a threshold.
 //   2. A sort of the <= kBuf gathered keys, descending (sort_desc: per-warp bitonic networks in registers, then
-//      merges of sorted runs by binary search in shared memory); the first n (or every valid one) are stored,
-//      -1 after them.
+//      merge-path merges of sorted runs in shared memory); the first n (or every valid one) are stored, -1 after.
+//
+// Where the time goes (one H200, one row, scripts/diag/select_phases.py, session 18): the sample sort ~10 us, one
+// gather pass ~0.25 ns per score (one SM's loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us. One CTA
+// per row is the limit at few rows (the other SMs idle); at 128 rows every SM works and it is 4-7x torch.topk.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 

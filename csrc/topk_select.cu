@@ -10,7 +10,7 @@
 // list (n = min(topk, Lmax)) with -1 past the row's valid keys.
 //
 // One CTA per row, computing keys on the fly from the scores (no key array in global memory):
-//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted keys of kSample evenly spaced
+//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted keys of 1024 or 2048 evenly spaced
 //      rows (the keys with about n + (kBuf - n) * f / 16 of the row's keys above them), then one pass gathers
 //      every key >= the middle threshold into shared memory; too many (> kBuf) or too few (< n) keys retry with
 //      the next threshold up or down. When that fails (scores whose order correlates with the sample's spacing),
@@ -33,7 +33,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBuf = 4096;   // keys the final sort holds (4 per thread); rows of <= kBuf valid keys take them all
 constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
-constexpr int kSample = 2048;  // keys of the threshold estimate (2 per thread)
+constexpr int kSmallRow = 65536;  // rows of up to this many scores estimate from 1024 samples, longer ones from 2048
 constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
 __constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
 constexpr int kBits = 11, kBins = 1 << kBits;
@@ -281,18 +281,24 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     if (!radix_only) {
       // thresholds for expected counts n + (kBuf - n) * f / 16, f = kFrac: the middle one first, then a higher
       // threshold after too many keys, a lower one after too few, each one more gather pass
-      int64_t s[2];
+      // 1024 samples up to kSmallRow scores (a cheaper sort; at 64K the middle threshold still has ~48
+      // samples above it), 2048 beyond
+      const int S = nloc <= kSmallRow ? kThreads : 2 * kThreads;
+      if (S == kThreads) {
+        int64_t v[1] = {row.key_at(static_cast<int>(static_cast<int64_t>(tid) * nloc / S))};
+        sort_desc<1>(v, buf);
+      } else {
+        int64_t v[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int j = r * kThreads + tid;
-        s[r] = row.key_at(static_cast<int>(static_cast<int64_t>(j) * nloc / kSample));
+        for (int r = 0; r < 2; ++r)
+          v[r] = row.key_at(static_cast<int>(static_cast<int64_t>(r * kThreads + tid) * nloc / S));
+        sort_desc<2>(v, buf);
       }
-      sort_desc<2>(s, buf);
       trace(1);
       if (tid < kTries) {
         const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
-        int q = static_cast<int>(want * kSample / nloc) - 1;
-        q = q < 0 ? 0 : (q > kSample - 1 ? kSample - 1 : q);
+        int q = static_cast<int>(want * S / nloc) - 1;
+        q = q < 0 ? 0 : (q > S - 1 ? S - 1 : q);
         sh.tau[tid] = buf[q];
       }
       __syncthreads();

@@ -41,6 +41,8 @@ through ``all_gather_into_tensor`` on the group, then the same merge kernel.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import triton
@@ -116,6 +118,8 @@ def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
             _SELECT_UNAVAILABLE[idx] = ""
         except Exception as e:  # noqa: BLE001 - no nvcc / build failure: the Triton + torch path is exact too
             _SELECT_UNAVAILABLE[idx] = f"{type(e).__name__}: {e}"
+            msg = f"TopK: CUDA candidate selection unavailable ({e!s:.200}); using the Triton keys + torch.topk path"
+            warnings.warn(msg, stacklevel=3)
     return not _SELECT_UNAVAILABLE[idx] and n <= ops.select_max_n()
 
 

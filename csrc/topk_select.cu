@@ -198,6 +198,27 @@ __device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* buf) {
   }
 }
 
+// The keys of R * kThreads evenly spaced local rows of `row`, sorted descending into buf (the estimate's sample).
+template <int R>
+__device__ __forceinline__ void sort_samples(const Row& row, int64_t* buf) {
+  constexpr int S = R * kThreads;
+  int64_t v[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    v[r] = row.key_at(static_cast<int>(static_cast<int64_t>(r * kThreads + threadIdx.x) * row.nloc / S));
+  sort_desc<R>(v, buf);
+}
+
+// buf[0, count) (count <= R * kThreads) sorted descending in place; padding 0 sorts below every key (keys >= 1).
+template <int R>
+__device__ __forceinline__ void sort_gathered(int64_t* buf, int count) {
+  int64_t v[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) v[r] = r * kThreads + threadIdx.x < count ? buf[r * kThreads + threadIdx.x] : 0;
+  __syncthreads();  // every key read before the sort rewrites buf
+  sort_desc<R>(v, buf);
+}
+
 using Scan = cub::BlockScan<int, kThreads>;
 
 struct Shared {
@@ -215,7 +236,6 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   const int tid = threadIdx.x, lane = tid & 31;
   const int nloc = row.nloc;
 
-  // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf dropped)
   // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf
   // dropped). A warp claims the slots of a whole step with one shared atomic (one per element ballot made the
   // single counter the bottleneck); key >= lo is compared on the score part first, the id only on a tie.
@@ -285,16 +305,10 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       // it), 2048 beyond: at 64K 1024 samples missed often enough that with 8+ rows some row retried its gather
       // in most calls (58 vs 51 us, session 18 call 16)
       const int S = nloc <= kSmallRow ? kThreads : 2 * kThreads;
-      if (S == kThreads) {
-        int64_t v[1] = {row.key_at(static_cast<int>(static_cast<int64_t>(tid) * nloc / S))};
-        sort_desc<1>(v, buf);
-      } else {
-        int64_t v[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          v[r] = row.key_at(static_cast<int>(static_cast<int64_t>(r * kThreads + tid) * nloc / S));
-        sort_desc<2>(v, buf);
-      }
+      if (S == kThreads)
+        sort_samples<1>(row, buf);
+      else
+        sort_samples<2>(row, buf);
       trace(1);
       if (tid < kTries) {
         const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
@@ -367,20 +381,11 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     }
   }
 
-  // ---- 3. sort the count <= kBuf gathered keys into buf, descending (padding 0 sorts below every key: keys >= 1)
-  if (count <= 2 * kThreads) {
-    int64_t v[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) v[r] = r * kThreads + tid < count ? buf[r * kThreads + tid] : 0;
-    __syncthreads();  // every key read before the sort rewrites buf
-    sort_desc<2>(v, buf);
-  } else {
-    int64_t v[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) v[r] = r * kThreads + tid < count ? buf[r * kThreads + tid] : 0;
-    __syncthreads();
-    sort_desc<4>(v, buf);
-  }
+  // ---- 3. sort the count <= kBuf gathered keys into buf, descending
+  if (count <= 2 * kThreads)
+    sort_gathered<2>(buf, count);
+  else
+    sort_gathered<4>(buf, count);
   trace(4);
   const int valid = count < n ? count : n;
   for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;

@@ -17,11 +17,14 @@
 //      an exact radix select finds the prefix of the n-th key level by level (a histogram of the next kBits bits
 //      per level, one pass each; heavy ties up to six) and a pass gathers the keys above it. Keys are unique, so
 //      every gather takes exactly the keys above a threshold.
-//   2. A sort of the <= kBuf gathered keys, descending (sort_desc: per-warp bitonic networks in registers, then
+//   2. More than 2 * kThreads gathered keys (n <= 2 * kThreads): an exact radix select over the gathered keys
+//      keeps only those above the n-th largest key's prefix, at most 2 * kThreads of them.
+//   3. A sort of the <= 2 * kThreads kept keys, descending (sort_desc: per-warp bitonic networks in registers, then
 //      merge-path merges of sorted runs in shared memory); the first n (or every valid one) are stored, -1 after.
 //
 // Where the time goes (one H200, one row, scripts/diag/select_phases.py, session 18): the sample sort ~10 us, one
-// gather pass ~0.25 ns per score (one SM's loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us. One CTA
+// gather pass ~0.25 ns per score (one SM's loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the
+// trim of step 2). One CTA
 // per row is the limit at few rows (the other SMs idle); at 128 rows every SM works and it is 4-7x torch.topk.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -31,7 +34,7 @@
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kBuf = 4096;   // keys the final sort holds (4 per thread); rows of <= kBuf valid keys take them all
+constexpr int kBuf = 4096;   // keys a gather holds (4 per thread); rows of <= kBuf valid keys take them all
 constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
 constexpr int kSmallRow = 32768;  // rows of up to this many scores estimate from 1024 samples, longer ones from 2048
 constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
@@ -236,6 +239,32 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   const int tid = threadIdx.x, lane = tid & 31;
   const int nloc = row.nloc;
 
+  // One level of a radix select, after the level's histogram of the keys with prefix P (bits >= shift) is in
+  // hist and a barrier passed: the bin b of the need-th largest key among them becomes P's next `width` bits
+  // (P <<= width, shift = lo), need drops by the keys in the bins above b. Returns how many keys have a prefix
+  // >= the new P (the need-th largest included): the caller stops once they fit, or at shift 0 (keys are unique).
+  auto radix_level = [&](uint64_t& P, int& shift, int& need, int width, int lo) -> int {
+    // thread i owns bins hi = kBins-1-2i and hi-1; `above` = keys in bins above hi (descending scan)
+    const int hi = kBins - 1 - 2 * tid;
+    const int h1 = hist[hi], h0 = hist[hi - 1];
+    int above;
+    Scan(sh.scan).ExclusiveSum(h1 + h0, above);
+    if (above < need && need <= above + h1) {
+      sh.bin = hi, sh.above = above;
+    } else if (above + h1 < need && need <= above + h1 + h0) {
+      sh.bin = hi - 1, sh.above = above + h1;
+    }
+    __syncthreads();
+    const int b = sh.bin;
+    const int taken = n - need + sh.above;  // keys with a prefix above the new P
+    need -= sh.above;
+    P = (P << width) | static_cast<uint64_t>(b);
+    shift = lo;
+    const int fit = taken + hist[b];
+    __syncthreads();  // every thread read hist / sh.bin before the next level rewrites them
+    return shift == 0 ? 0 : fit;
+  };
+
   // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf
   // dropped). A warp claims the slots of a whole step with one shared atomic (one per element ballot made the
   // single counter the bottleneck); key >= lo is compared on the score part first, the id only on a tie.
@@ -356,24 +385,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
           }
         }
         __syncthreads();
-        // thread i owns bins hi = kBins-1-2i and hi-1; `above` = keys in bins above hi (descending scan)
-        const int hi = kBins - 1 - 2 * tid;
-        const int h1 = hist[hi], h0 = hist[hi - 1];
-        int above;
-        Scan(sh.scan).ExclusiveSum(h1 + h0, above);
-        if (above < need && need <= above + h1) {
-          sh.bin = hi, sh.above = above;
-        } else if (above + h1 < need && need <= above + h1 + h0) {
-          sh.bin = hi - 1, sh.above = above + h1;
-        }
-        __syncthreads();
-        const int b = sh.bin;
-        need -= sh.above;
-        P = (P << width) | static_cast<uint64_t>(b);
-        shift = lo;
-        const int cand = hist[b];
-        __syncthreads();  // every thread read hist / sh.bin before the next level rewrites them
-        if ((n - need) + cand <= kBuf || shift == 0) break;
+        if (radix_level(P, shift, need, width, lo) <= kBuf) break;
       }
       // the keys with prefix >= P: the smallest such key is P << shift
       count = gather_from(static_cast<int64_t>(P << shift));
@@ -381,11 +393,62 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     }
   }
 
-  // ---- 3. sort the count <= kBuf gathered keys into buf, descending
-  if (count <= 2 * kThreads)
-    sort_gathered<2>(buf, count);
-  else
-    sort_gathered<4>(buf, count);
+  // ---- 3. trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest are needed, so an
+  // exact radix select over buf keeps the keys above the n-th largest key's prefix at the first level where they
+  // fit in 2 * kThreads; the sort then holds 2 keys per thread instead of 4, about half its work (the sort of 4096
+  // keys was ~17 us of a one-SM select, session 18). The levels read buf afresh (keys held in registers across
+  // them spilled at the 64 registers a 1024-thread CTA has).
+  if (count > 2 * kThreads) {
+    auto key_of = [&](int r) -> uint64_t {
+      const int i = r * kThreads + tid;
+      return i < count ? static_cast<uint64_t>(buf[i]) : 0;
+    };
+    uint64_t P = 0;
+    int shift = 63, need = n;  // keys are >= 1 and < 2^63; the padding 0 never matches (u != 0)
+    while (true) {
+      const int width = shift < kBits ? shift : kBits, lo = shift - width;
+      const uint64_t mask = (1ull << width) - 1;
+      for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint64_t u = key_of(r);
+        const bool match = u != 0 && (u >> shift) == P;
+        const unsigned act = __ballot_sync(0xffffffffu, match);
+        if (match) {
+          const int d = static_cast<int>((u >> lo) & mask);
+          const unsigned peers = __match_any_sync(act, d);  // ties: one shared atomic per bin per warp
+          if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
+        }
+      }
+      __syncthreads();
+      if (radix_level(P, shift, need, width, lo) <= 2 * kThreads) break;
+    }
+    // keep the keys >= P << shift, compacted to the front of buf
+    const uint64_t lo_key = P << shift;
+    uint64_t v[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) v[r] = key_of(r);
+    if (tid == 0) sh.count = 0;
+    __syncthreads();  // every key read (and the count reset) before buf is rewritten
+    const unsigned below = (1u << lane) - 1;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const bool keep = v[r] != 0 && v[r] >= lo_key;
+      const unsigned m = __ballot_sync(0xffffffffu, keep);
+      int slot = 0;
+      if (lane == 0 && m) slot = atomicAdd(&sh.count, __popc(m));
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+      if (keep) buf[slot + __popc(m & below)] = static_cast<int64_t>(v[r]);
+    }
+    __syncthreads();
+    count = sh.count;
+    __syncthreads();  // every thread read the count before anything resets it
+    trace(6);
+  }
+
+  // ---- 4. sort the count <= 2 * kThreads (trimmed) keys into buf, descending
+  sort_gathered<2>(buf, count);
   trace(4);
   const int valid = count < n ? count : n;
   for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;

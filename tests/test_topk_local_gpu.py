@@ -22,7 +22,7 @@ def test_gpu_scoring_pdl_matches_plain_launch(pools):
         assert r == {"new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True}, r
 
 
-@pytest.mark.parametrize("npage", [5, 6, 10, 12])
+@pytest.mark.parametrize("npage", [5, 6, 7, 9, 10, 12])
 def test_gpu_scoring_pages_per_program(pools, npage):
     """The mid-size rule's pages-per-program counts (not powers of two; programs that run past a row's end) give
     the fp64 reference's scores and -inf masks (rows of 0 to 300 tokens, MTP rows, a narrow block table)."""

@@ -270,8 +270,13 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
 # "scan_wave_npages" / "scan_resident_per_sm": the mid-size rule of _scan_npage (an empty tuple turns it off). 7
 # resident programs per SM is the compiled kernel's occupancy on H200 (64-72 registers, score_sweep's kernel report).
+# 7 and 9 joined the candidates in session 19 (call 1, one-GPU emulation of W = 2, us before -> after): 8 x 128K
+# sharded 23.48 -> 22.57 (9 pages: 912 programs, one wave, instead of 10), 16 x 32K replicated 23.29 -> 22.36,
+# 32 x 32K replicated 41.44 -> 41.12; the other shapes of rows 8-64 x 32K / 128K choose as before.
 # "scan_pdl": launch with programmatic dependent launch (kernel_support.grid_dependency_sync): 0 off, 1 wait for the
 # previous kernel inside the kernel, 2 also let the next PDL kernel launch as soon as every program started.
+# "scan_maxnreg": a register cap for the scan (Triton's maxnreg; 0 = none). 64 holds 8 programs per SM instead of 7
+# (no spills at 2 stages, session 15 call 3); pair it with scan_resident_per_sm = 8.
 TUNING = {
     "scan_group": 1,
     "scan_npage": 0,
@@ -279,9 +284,10 @@ TUNING = {
     "scan_npages": (1, 2, 8, 16),
     "scan_min_programs_per_sm": 30,
     "scan_min_programs_per_sm_small": 3,
-    "scan_wave_npages": (2, 5, 6, 8, 10, 12),
+    "scan_wave_npages": (2, 5, 6, 7, 8, 9, 10, 12),
     "scan_resident_per_sm": 7,
     "scan_pdl": 0,
+    "scan_maxnreg": 0,
 }
 
 
@@ -399,6 +405,8 @@ def indexer_logits(
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
     opts = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
+    if dev.type == "cuda" and TUNING["scan_maxnreg"]:
+        opts["maxnreg"] = int(TUNING["scan_maxnreg"])
     pdl = int(TUNING["scan_pdl"]) if on_gpu(dev) else 0
     if pdl:
         opts["launch_pdl"] = True

@@ -37,7 +37,7 @@ def main() -> int:
     lib.peerdcp_topk_select_trace.argtypes = [ctypes.c_void_p]
     ops.TUNING["select_radix_only"] = a.radix_only
     buf = (ctypes.c_longlong * 8)()
-    print(f"{'length':>8} " + " ".join(f"{p:>8}" for p in ("sample", "estimate", "radix", "sort", "end")))
+    print(f"{'length':>8} " + " ".join(f"{p:>8}" for p in ("sample", "estimate", "radix", "trim", "sort", "end")))
     for L in a.lengths:
         x = torch.randn(1, L, device="cuda")
         lens = torch.full((1,), L, dtype=torch.int64, device="cuda")
@@ -49,8 +49,8 @@ def main() -> int:
             torch.cuda.synchronize()
             lib.peerdcp_topk_select_trace(buf)
             t0 = buf[0]
-            rows.append([(buf[i] - t0) / 1e3 if buf[i] >= t0 else -1.0 for i in range(1, 6)])
-        med = [statistics.median(r[i] for r in rows) for i in range(5)]
+            rows.append([(buf[i] - t0) / 1e3 if buf[i] >= t0 else -1.0 for i in (1, 2, 3, 6, 4, 5)])
+        med = [statistics.median(r[i] for r in rows) for i in range(6)]
         print(f"{L:>8} " + " ".join(f"{v:8.2f}" for v in med))
     return 0
 

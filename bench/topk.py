@@ -23,9 +23,11 @@ Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer
 
 Part 3 (``--local``) - the local candidate stage alone (``TopK.local_candidates``: this rank's top 2048 of its
 scores as sorted canonical keys), rows 1 ... 128 x local lengths 4K ... 128K, random scores: ``cuda`` - the
-selection kernel (``csrc/topk_select.cu``: keys from scores, radix select, shared-memory sort) vs ``torch`` - the
-Triton keys kernel + ``torch.topk`` (what the stage ran before, and still runs above 2048 candidates or without
-nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs it (``--world 1 --no-merge --no-indexer --local``).
+selection kernel (``csrc/topk_select.cu``: keys from scores, radix select, shared-memory sort) with its rule's
+``ctas`` CTAs per row (a thread-block cluster at few rows), ``cuda_1cta`` - the same kernel with one CTA per row,
+vs ``torch`` - the Triton keys kernel + ``torch.topk`` (what the stage ran before, and still runs above 2048
+candidates or without nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs it (``--world 1 --no-merge
+--no-indexer --local``).
 
 Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
 the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
@@ -287,9 +289,15 @@ def local_rank(cfg: dict) -> list[dict]:
                 t_torch = _time(cfg, fn)
             exact = all(torch.equal(fn(j), want[j]) for j in range(nsets))
             t_cuda = _time(cfg, fn)
+            ctas, t_one = 1, t_cuda
+            if dev.type == "cuda":  # the same kernel with one CTA per row (the rule's choice before clusters)
+                ctas = topk_ops.select_ctas(T, dev.index)
+                with mock.patch.dict(topk_ops.TUNING, {"select_ctas": 1}):
+                    exact = exact and all(torch.equal(fn(j), want[j]) for j in range(nsets))
+                    t_one = _time(cfg, fn)
             out.append(
-                {"local_len": Lloc, "rows": T, "exact": exact, "cuda": t_cuda, "torch": t_torch,
-                 "speedup": t_torch / t_cuda}
+                {"local_len": Lloc, "rows": T, "exact": exact, "ctas": ctas, "cuda": t_cuda, "cuda_1cta": t_one,
+                 "torch": t_torch, "speedup": t_torch / t_cuda}
             )  # fmt: skip
             del logits, want
     return out if r == 0 else []
@@ -403,7 +411,7 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
             "\nLocal candidates, top 2048 of each row's local scores "
             "(µs, CUDA graph, slowest rank; speedup = torch / cuda)"
         )
-        print(_table(local, ["local_len", "rows", "exact", "cuda", "torch", "speedup"]))
+        print(_table(local, ["local_len", "rows", "exact", "ctas", "cuda", "cuda_1cta", "torch", "speedup"]))
     if merge:
         print("\nTop-K merge, top-k 2048 (µs, CUDA graph, slowest rank; speedup = baseline / direct, target >= 4)")
         cols = ["rows", "exact", "memory", "merge", "direct", "direct_triton", "allgather", "baseline", "speedup"]

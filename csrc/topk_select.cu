@@ -26,6 +26,7 @@
 // gather pass ~0.25 ns per score (one SM's loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the
 // trim of step 2). One CTA
 // per row is the limit at few rows (the other SMs idle); at 128 rows every SM works and it is 4-7x torch.topk.
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -36,6 +37,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBuf = 4096;   // keys a gather holds (4 per thread); rows of <= kBuf valid keys take them all
 constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
+constexpr int kMaxCluster = 8;  // most CTAs per row (the portable thread-block cluster size)
 constexpr int kSmallRow = 32768;  // rows of up to this many scores estimate from 1024 samples, longer ones from 2048
 constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
 __constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
@@ -68,6 +70,7 @@ struct SelectParams {
   int Lmax, n, rank, W, I;
   int64_t force_first, force_last;
   int radix_only;  // 1: skip the estimate (tests and diagnosis run the radix select on every row)
+  int C;           // CTAs per row: one thread-block cluster of C (1 to kMaxCluster) shares each row
 };
 
 // ordered(s): the score's 32 canonical bits (reference.ordered_bits), bitwise, so no flush-to-zero (this library
@@ -82,7 +85,8 @@ struct Row {
   const float* x;
   int64_t L, ff, fl;
   int rank, W, I, nloc;
-  bool forced;  // ff > 0 or fl > 0: some tokens score +inf
+  int beg, end;  // this CTA's slice [beg, end) of the local rows (all of them with one CTA per row)
+  bool forced;   // ff > 0 or fl > 0: some tokens score +inf
   __device__ __forceinline__ int64_t gid(int l) const {
     return I == 1 ? static_cast<int64_t>(l) * W + rank
                   : static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) * I + l % I;
@@ -114,8 +118,8 @@ __device__ __forceinline__ int row_of(int base, int e) {
   return VEC ? base + ((e >> 2) * kThreads + tid) * 4 + (e & 3) : base + e * kThreads + tid;
 }
 
-// The thread's kPerStep scores of the step at `base` (0 past the row's valid rows, which are never read).
-// VEC: 16-byte loads (rows 16-byte aligned).
+// The thread's kPerStep scores of the step at `base` (0 from the CTA's slice end on, never read past it; a slice
+// starts at a multiple of 4). VEC: 16-byte loads (rows 16-byte aligned).
 template <bool VEC>
 __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[kPerStep]) {
   if constexpr (VEC) {
@@ -123,13 +127,13 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
     for (int u = 0; u < kUnroll; ++u) {
       const int l = row_of<true>(base, 4 * u);
       float4 q;
-      if (l + 4 <= row.nloc) {
+      if (l + 4 <= row.end) {
         q = __ldg(reinterpret_cast<const float4*>(row.x + l));
-      } else {  // the row's last partial vector: never read past its valid scores (nor its allocation)
-        q.x = l < row.nloc ? __ldg(row.x + l) : 0.0f;
-        q.y = l + 1 < row.nloc ? __ldg(row.x + l + 1) : 0.0f;
-        q.z = l + 2 < row.nloc ? __ldg(row.x + l + 2) : 0.0f;
-        q.w = 0.0f;  // l + 3 >= nloc here
+      } else {  // the slice's last partial vector: never read past its valid scores (nor the row's allocation)
+        q.x = l < row.end ? __ldg(row.x + l) : 0.0f;
+        q.y = l + 1 < row.end ? __ldg(row.x + l + 1) : 0.0f;
+        q.z = l + 2 < row.end ? __ldg(row.x + l + 2) : 0.0f;
+        q.w = 0.0f;  // l + 3 >= end here
       }
       v[4 * u] = q.x, v[4 * u + 1] = q.y, v[4 * u + 2] = q.z, v[4 * u + 3] = q.w;
     }
@@ -137,7 +141,7 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
 #pragma unroll
     for (int e = 0; e < kPerStep; ++e) {
       const int l = row_of<false>(base, e);
-      v[e] = l < row.nloc ? __ldg(row.x + l) : 0.0f;
+      v[e] = l < row.end ? __ldg(row.x + l) : 0.0f;
     }
   }
 }
@@ -225,34 +229,46 @@ __device__ __forceinline__ void sort_gathered(int64_t* buf, int count) {
 using Scan = cub::BlockScan<int, kThreads>;
 
 struct Shared {
-  int64_t buf[kBuf];  // gathered keys; the sorts' exchange area
+  int64_t buf[kBuf];  // gathered keys; the sorts' exchange area; with C > 1 at the end every CTA's sorted list
   int hist[kBins];
   typename Scan::TempStorage scan;
-  int count, bin, above;
+  int count, bin, above, bin_count;
+  int pub[2];                 // C > 1: this CTA's count of the last two gathers, read by its peers
+  int counts[kMaxCluster];    // C > 1: every CTA's count of the last gather
+  int offsets[kMaxCluster];   // C > 1: where each CTA's sorted list goes in buf (the counts before it)
   int64_t tau[kTries];  // the estimate's thresholds, highest first
 };
 
-template <bool VEC>
-__device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool radix_only) {
+namespace cg = cooperative_groups;
+
+// One row's selection by C CTAs (one thread-block cluster; C = 1: one CTA, no cluster instruction runs). CTA c
+// reads only its slice [row.beg, row.end) of the row; every decision (the estimate's thresholds from the same
+// samples, the gathers' totals, the radix select's summed histograms) is the same in every CTA of the cluster, so
+// all of them take the same path through the same cluster barriers.
+template <bool VEC, bool CLUSTER>
+__device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool radix_only, int ctas) {
+  const int C = CLUSTER ? ctas : 1;  // a constant 1 compiles every cluster step out of the one-CTA kernel
   int64_t* buf = sh.buf;
   int* hist = sh.hist;
   const int tid = threadIdx.x, lane = tid & 31;
   const int nloc = row.nloc;
+  cg::cluster_group cl = cg::this_cluster();
+  const int c = C > 1 ? static_cast<int>(cl.block_rank()) : 0;
+  int parity = 0;  // which sh.pub the next gather publishes
 
-  // One level of a radix select, after the level's histogram of the keys with prefix P (bits >= shift) is in
-  // hist and a barrier passed: the bin b of the need-th largest key among them becomes P's next `width` bits
-  // (P <<= width, shift = lo), need drops by the keys in the bins above b. Returns how many keys have a prefix
-  // >= the new P (the need-th largest included): the caller stops once they fit, or at shift 0 (keys are unique).
-  auto radix_level = [&](uint64_t& P, int& shift, int& need, int width, int lo) -> int {
-    // thread i owns bins hi = kBins-1-2i and hi-1; `above` = keys in bins above hi (descending scan)
+  // One level of a radix select, given the level's histogram of the keys with prefix P (bits >= shift): thread i
+  // brings the counts h1, h0 of bins hi = kBins-1-2i and hi-1. The bin b of the need-th largest key among them
+  // becomes P's next `width` bits (P <<= width, shift = lo), need drops by the keys in the bins above b. Returns
+  // how many keys have a prefix >= the new P (the need-th largest included): the caller stops once they fit, or
+  // at shift 0 (keys are unique).
+  auto radix_level = [&](int h1, int h0, uint64_t& P, int& shift, int& need, int width, int lo) -> int {
     const int hi = kBins - 1 - 2 * tid;
-    const int h1 = hist[hi], h0 = hist[hi - 1];
-    int above;
+    int above;  // keys in the bins above hi (a descending scan)
     Scan(sh.scan).ExclusiveSum(h1 + h0, above);
     if (above < need && need <= above + h1) {
-      sh.bin = hi, sh.above = above;
+      sh.bin = hi, sh.above = above, sh.bin_count = h1;
     } else if (above + h1 < need && need <= above + h1 + h0) {
-      sh.bin = hi - 1, sh.above = above + h1;
+      sh.bin = hi - 1, sh.above = above + h1, sh.bin_count = h0;
     }
     __syncthreads();
     const int b = sh.bin;
@@ -260,9 +276,26 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     need -= sh.above;
     P = (P << width) | static_cast<uint64_t>(b);
     shift = lo;
-    const int fit = taken + hist[b];
-    __syncthreads();  // every thread read hist / sh.bin before the next level rewrites them
+    const int fit = taken + sh.bin_count;
+    __syncthreads();  // every thread read sh.bin / sh.bin_count before the next level rewrites them
     return shift == 0 ? 0 : fit;
+  };
+
+  // The level's histogram summed over the cluster (after this CTA's histogram of its slice is complete): the
+  // counts of bins kBins-1-2*tid and the one below, from every CTA's shared memory.
+  auto bin_counts = [&](int& h1, int& h0) {
+    const int hi = kBins - 1 - 2 * tid;
+    if (C == 1) {
+      h1 = hist[hi], h0 = hist[hi - 1];
+      return;
+    }
+    cl.sync();  // every CTA's histogram complete
+    h1 = h0 = 0;
+    for (int r = 0; r < C; ++r) {
+      const int* h = cl.map_shared_rank(hist, r);
+      h1 += h[hi], h0 += h[hi - 1];
+    }
+    cl.sync();  // every CTA read every histogram before any zeroes its own for the next level
   };
 
   // gather every key >= lo (lo = 0: every valid key) into buf; returns how many there are (slots past kBuf
@@ -282,7 +315,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     const float lo_f = __uint_as_float(lo_bits);
     const bool fast = !row.forced && lo_o != 0 && (lo_bits & 0x7f800000u) != 0;
     const unsigned below = (1u << lane) - 1;
-    for (int base = 0; base < nloc; base += kStep) {
+    for (int base = row.beg; base < row.end; base += kStep) {
       float v[kPerStep];
       load_step<VEC>(row, base, v);
       unsigned m[kPerStep];
@@ -292,10 +325,10 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         const int l = row_of<VEC>(base, e);
         bool take;
         if (fast) {
-          take = l < nloc && (v[e] > lo_f || (v[e] == lo_f && row.id_part(l) >= lo_id));
+          take = l < row.end && (v[e] > lo_f || (v[e] == lo_f && row.id_part(l) >= lo_id));
         } else {
           const uint32_t o = row.ordered(v[e], l);
-          take = l < nloc && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
+          take = l < row.end && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
         }
         m[e] = __ballot_sync(0xffffffffu, take);
         total += __popc(m[e]);
@@ -315,15 +348,31 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       }
     }
     __syncthreads();
-    const int c = sh.count;
+    const int got = sh.count;
     __syncthreads();  // every thread read the count before a next gather resets it
-    return c;
+    return got;
+  };
+
+  // gather_from over the cluster: this CTA gathers its slice, sh.counts gets every CTA's count; returns their
+  // total. sh.pub alternates between two slots: a peer reads this gather's slot before it arrives at the next
+  // gather's cluster barrier, which this CTA passes before it rewrites the slot (two gathers later).
+  auto gather_total = [&](int64_t lo) -> int {
+    const int got = gather_from(lo);
+    if (C == 1) return got;
+    if (tid == 0) sh.pub[parity] = got;
+    cl.sync();
+    if (tid < C) sh.counts[tid] = *cl.map_shared_rank(&sh.pub[parity], tid);
+    parity ^= 1;
+    __syncthreads();
+    int total = 0;
+    for (int r = 0; r < C; ++r) total += sh.counts[r];
+    return total;
   };
 
   int count;
   trace(0);
   if (nloc <= kBuf) {
-    count = gather_from(0);
+    count = gather_total(0);
   } else {
     // ---- 1. estimate (it only decides the speed: a count outside [n, kBuf] falls back to the radix select)
     count = 0;
@@ -348,7 +397,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       __syncthreads();
       int t = kTries / 2, dir = 0;
       while (true) {
-        count = gather_from(sh.tau[t]);
+        count = gather_total(sh.tau[t]);
         const int d = count > kBuf ? -1 : (count < n ? 1 : 0);  // -1: a higher threshold (smaller f)
         if (d == 0 || d == -dir || t + d < 0 || t + d >= kTries) break;
         dir = d, t += d;
@@ -367,13 +416,13 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         const uint64_t mask = (1ull << width) - 1;
         for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
         __syncthreads();
-        for (int base = 0; base < nloc; base += kStep) {
+        for (int base = row.beg; base < row.end; base += kStep) {
           float v[kPerStep];
           load_step<VEC>(row, base, v);
 #pragma unroll
           for (int e = 0; e < kPerStep; ++e) {
             const int l = row_of<VEC>(base, e);
-            const bool in = l < nloc;
+            const bool in = l < row.end;
             const uint64_t u = in ? static_cast<uint64_t>(row.key(v[e], l)) : 0;
             const bool match = in && (u >> shift) == P;
             const unsigned act = __ballot_sync(0xffffffffu, match);
@@ -385,12 +434,77 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
           }
         }
         __syncthreads();
-        if (radix_level(P, shift, need, width, lo) <= kBuf) break;
+        int h1, h0;
+        bin_counts(h1, h0);
+        if (radix_level(h1, h0, P, shift, need, width, lo) <= kBuf) break;
       }
       // the keys with prefix >= P: the smallest such key is P << shift
-      count = gather_from(static_cast<int64_t>(P << shift));
+      count = gather_total(static_cast<int64_t>(P << shift));
       trace(3);
     }
+  }
+
+  if (C > 1) {
+    // ---- 3'. cluster: every CTA sorts its own gathered keys (sh.counts[c] <= count <= kBuf of them) into
+    // buf[off_c, off_c + mine), off_c = the counts of the CTAs before it, so the C lists sit side by side at the
+    // same places in every CTA; each then copies the others' lists from their shared memory and places each of its
+    // own keys at its rank among all of them (its index + the keys above it in every other list: a binary search
+    // of each sorted list), writing those of rank < n. Keys are unique: the ranks 0 .. count - 1 are each one key.
+    const int mine = sh.counts[c];
+    int* off = sh.offsets;
+    if (tid < C) {
+      int o = 0;
+      for (int r = 0; r < tid; ++r) o += sh.counts[r];
+      off[tid] = o;
+    }
+    __syncthreads();
+    const int off_c = off[c];
+    if (mine <= kThreads)
+      sort_gathered<1>(buf, mine);
+    else if (mine <= 2 * kThreads)
+      sort_gathered<2>(buf, mine);
+    else
+      sort_gathered<4>(buf, mine);
+    trace(4);
+    if (off_c > 0) {  // move the sorted list up to off_c (through registers: the ranges may overlap)
+      int64_t v[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) v[r] = r * kThreads + tid < mine ? buf[r * kThreads + tid] : 0;
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        if (r * kThreads + tid < mine) buf[off_c + r * kThreads + tid] = v[r];
+    }
+    cl.sync();  // every CTA's list in place (and visible to the cluster)
+    for (int r = 0; r < C; ++r) {
+      if (r == c) continue;
+      const int64_t* peer = cl.map_shared_rank(buf, r);
+      for (int i = tid; i < sh.counts[r]; i += kThreads) buf[off[r] + i] = peer[off[r] + i];
+    }
+    __syncthreads();
+    trace(7);
+    for (int i = tid; i < mine; i += kThreads) {
+      const int64_t key = buf[off_c + i];
+      int rank = i;
+      for (int r = 0; r < C; ++r) {
+        if (r == c) continue;
+        const int64_t* list = buf + off[r];
+        int lo = 0, hi = sh.counts[r];  // keys of list r above key: list is descending
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          if (list[mid] > key)
+            lo = mid + 1;
+          else
+            hi = mid;
+        }
+        rank += lo;
+      }
+      if (rank < n) out[rank] = key;
+    }
+    for (int i = count + c * kThreads + tid; i < n; i += C * kThreads) out[i] = -1;  // rows of fewer than n keys
+    trace(5);
+    cl.sync();  // no CTA leaves while a peer may still copy from its shared memory
+    return;
   }
 
   // ---- 3. trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest are needed, so an
@@ -422,7 +536,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         }
       }
       __syncthreads();
-      if (radix_level(P, shift, need, width, lo) <= 2 * kThreads) break;
+      if (radix_level(hist[kBins - 1 - 2 * tid], hist[kBins - 2 - 2 * tid], P, shift, need, width, lo) <=
+          2 * kThreads)
+        break;
     }
     // keep the keys >= P << shift, compacted to the front of buf
     const uint64_t lo_key = P << shift;
@@ -455,40 +571,87 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   trace(5);
 }
 
+// CLUSTER: launched with a.C > 1 CTAs per row in clusters of a.C (a separate instance: the cluster steps' registers
+// stay out of the one-CTA kernel, which runs at the 64 registers a 1024-thread CTA allows).
+template <bool CLUSTER>
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
   __shared__ Shared sh;
-  const int t = blockIdx.x;
+  const int t = blockIdx.x / a.C;  // a cluster of C consecutive CTAs per row
   const int64_t L = a.lens64 ? static_cast<const int64_t*>(a.seq_lens)[t] : static_cast<const int32_t*>(a.seq_lens)[t];
   // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width
   const int64_t IW = static_cast<int64_t>(a.I) * a.W;
   int64_t rem = (L > 0 ? L % IW : 0) - static_cast<int64_t>(a.rank) * a.I;
   rem = rem < 0 ? 0 : (rem > a.I ? a.I : rem);
   const int64_t nl = L > 0 ? (L / IW) * a.I + rem : 0;
+  const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);
+  // CTA c of the row's cluster reads local rows [beg, end): C slices of a multiple of 4 rows (the 16-byte loads)
+  const int c = static_cast<int>(blockIdx.x % a.C), per = ((nloc + a.C - 1) / a.C + 3) & ~3;
+  const int beg = c * per < nloc ? c * per : nloc, end = beg + per < nloc ? beg + per : nloc;
   const Row row{a.logits + static_cast<int64_t>(t) * a.logits_stride, L, a.force_first, a.force_last,
-                a.rank, a.W, a.I, static_cast<int>(nl < a.Lmax ? nl : a.Lmax), a.force_first > 0 || a.force_last > 0};
+                a.rank, a.W, a.I, nloc, beg, end, a.force_first > 0 || a.force_last > 0};
   int64_t* out = a.out + static_cast<int64_t>(t) * a.n;
   if ((reinterpret_cast<uintptr_t>(a.logits) & 15) == 0 && (a.logits_stride & 3) == 0)
-    select_row<true>(row, a.n, out, sh, a.radix_only != 0);
+    select_row<true, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C);
   else
-    select_row<false>(row, a.n, out, sh, a.radix_only != 0);
+    select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C);
 }
 
 }  // namespace
 
-// Local canonical candidates of T rows into out [T, n] (contiguous int64), n = min(topk, Lmax) in [1, kMaxN].
-// Returns a CUDA error code (0 = launched).
+// Local canonical candidates of T rows into out [T, n] (contiguous int64), n = min(topk, Lmax) in [1, kMaxN], by
+// `ctas` (1 to kMaxCluster) CTAs per row (more than one: a thread-block cluster per row). Returns a CUDA error code
+// (0 = launched).
 extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t logits_stride, const void* seq_lens,
                                    int lens64, int Lmax, int n, int T, int rank, int W, int I, int64_t force_first,
-                                   int64_t force_last, int radix_only, cudaStream_t stream) {
-  if (n < 1 || n > kMaxN || Lmax < 1 || T < 0 || W < 1 || I < 1 || rank < 0 || rank >= W)
+                                   int64_t force_last, int radix_only, int ctas, cudaStream_t stream) {
+  if (n < 1 || n > kMaxN || Lmax < 1 || T < 0 || W < 1 || I < 1 || rank < 0 || rank >= W || ctas < 1 ||
+      ctas > kMaxCluster)
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
   SelectParams a;
   a.out = out, a.logits = logits, a.logits_stride = logits_stride, a.seq_lens = seq_lens, a.lens64 = lens64;
   a.Lmax = Lmax, a.n = n, a.rank = rank, a.W = W, a.I = I, a.force_first = force_first, a.force_last = force_last;
   a.radix_only = radix_only;
-  topk_select_kernel<<<T, kThreads, 0, stream>>>(a);
-  return static_cast<int>(cudaGetLastError());
+  a.C = ctas;
+  if (ctas == 1) {
+    topk_select_kernel<false><<<T, kThreads, 0, stream>>>(a);
+    return static_cast<int>(cudaGetLastError());
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(T) * ctas);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, topk_select_kernel<true>, a);
+  return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
+}
+
+// Most clusters of `ctas` CTAs of the selection kernel resident at once on the current device (clusters must fit
+// in one GPC: fewer than SMs / ctas on H200), or -1 when the occupancy query fails.
+extern "C" int peerdcp_topk_select_max_clusters(int ctas) {
+  if (ctas < 2 || ctas > kMaxCluster) return -1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas);
+  cfg.blockDim = dim3(kThreads);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, topk_select_kernel<true>, &cfg) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the caller falls back to one CTA per row
+    return -1;
+  }
+  return n;
 }
 
 // Largest n the kernel selects (the host takes torch.topk above it).

@@ -257,3 +257,24 @@ def test_scan_npage_policy():
     shapes = ((1, 512), (8, 256), (1, 1024), (64, 512), (32, 1024), (32, 256), (32, 512), (64, 256), (8, 1024),
               (8, 2048), (8, 512))  # fmt: skip
     assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
+
+
+def test_select_ctas_rule():
+    """CTAs per row of the CUDA selection: the largest of 8, 4, 2 whose clusters are all resident at once (the
+    occupancy query; -1, a failed query, never qualifies), else 1; a forced ``TUNING["select_ctas"]`` is clamped to
+    1 .. 8."""
+    from unittest import mock
+
+    from peerdcp.topk import ops
+
+    resident = {8: 14, 4: 30, 2: 64}  # clusters of each size resident at once (made up)
+    with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):
+        got = [ops.select_ctas(rows, 0) for rows in (0, 1, 14, 15, 30, 31, 64, 65, 512)]
+        assert got == [8, 8, 8, 4, 4, 2, 2, 1, 1]
+    with mock.patch.object(ops, "max_select_clusters", lambda c, device: -1):
+        assert ops.select_ctas(1, 0) == 1
+    with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):
+        with mock.patch.dict(ops.TUNING, {"select_ctas": 3}):
+            assert ops.select_ctas(1, 0) == 3
+        with mock.patch.dict(ops.TUNING, {"select_ctas": 99}):
+            assert ops.select_ctas(1000, 0) == 8

@@ -94,9 +94,9 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-T{c[1]}-L{c[2]}-k{c[3]}-W{c[4]}r{c[5]}I{c[6]}" for c in CASES])
 def test_gpu_local_candidates_match_reference(case):
-    """``_local_keys`` (the CUDA selection with and without its threshold estimate, and the Triton keys +
-    torch.topk path) equals the CPU reference on rows of lengths 0, 1, short of k and far beyond it; scores past a
-    row's local length are NaN / +inf garbage."""
+    """``_local_keys`` (the CUDA selection with and without its threshold estimate, with one CTA per row and with
+    clusters of 3 and 8 CTAs per row, and the Triton keys + torch.topk path) equals the CPU reference on rows of
+    lengths 0, 1, short of k and far beyond it; scores past a row's local length are NaN / +inf garbage."""
     kind, T, L, k, W, r, I, ff, fl, ldt = case
     g = torch.Generator().manual_seed(CASES.index(case))
     logits = _scores(kind, T, L, g)
@@ -110,18 +110,24 @@ def test_gpu_local_candidates_match_reference(case):
         logits[t, nloc:] = torch.where(torch.rand(L - nloc, generator=g) < 0.5, float("nan"), float("inf"))
     want = _reference(logits, lens, k, r, W, I, ff, fl)
     x, ln = logits.cuda(), lens.to(ldt).cuda()
-    got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
-    assert torch.equal(got, want), (got[:, :8], want[:, :8])
-    with mock.patch.dict(ops.TUNING, {"select_radix_only": True}):
-        got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
-        assert torch.equal(got, want), (got[:, :8], want[:, :8])
+    for ctas in (1, 3, 8):  # 3: slices of a row that is no power of two
+        for radix_only in (False, True):
+            with mock.patch.dict(ops.TUNING, {"select_ctas": ctas, "select_radix_only": radix_only}):
+                got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
+            assert torch.equal(got, want), (ctas, radix_only, got[:, :8], want[:, :8])
     with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
         assert torch.equal(_local_keys(x, ln, k, r, W, I, ff, fl).cpu(), want)
 
 
-def test_gpu_select_poisoned_output_and_graph():
+@pytest.mark.parametrize("ctas", [1, 8])
+def test_gpu_select_poisoned_output_and_graph(ctas):
     """The kernel writes every output element (output poisoned first), and replays in a CUDA graph with new
-    scores give new selections."""
+    scores give new selections; one CTA per row and a cluster of 8."""
+    with mock.patch.dict(ops.TUNING, {"select_ctas": ctas}):
+        _poisoned_output_and_graph()
+
+
+def _poisoned_output_and_graph():
     g = torch.Generator().manual_seed(5)
     T, L, k = 6, 30000, 2048
     lens = torch.tensor([30000, 17, 0, 4096, 29999, 2048], device="cuda")

@@ -17,19 +17,24 @@ import torch
 from ..jit import load as load_jit
 from ..kernel_support import num_sms
 
-__all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge", "select", "select_max_n"]
+__all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge", "select", "select_ctas", "select_max_n"]
 
 #: ``cuda_merge_ctas_per_row``: N > 0 forces the cut-off mode with N CTAs per row; ``cuda_merge_place_all_ctas``:
 #: N > 0 forces the place-all mode with N CTAs per row, -1 never picks it. Both 0: the rule of :func:`grid`.
 #: ``local_select``: "auto" selects local candidates with the CUDA kernel on a GPU where it builds and the row's
 #: n = min(topk, L) is at most :func:`select_max_n`; "torch" always takes the Triton keys kernel + ``torch.topk``.
 #: ``select_radix_only``: the CUDA selection skips its threshold estimate (tests and diagnosis of the exact path).
+#: ``select_ctas``: CTAs per row of the CUDA selection, 1 to :data:`MAX_SELECT_CTAS` (0: the rule of
+#: :func:`select_ctas`).
 TUNING = {
     "cuda_merge_ctas_per_row": 0,
     "cuda_merge_place_all_ctas": 0,
     "local_select": "auto",
     "select_radix_only": False,
+    "select_ctas": 0,
 }
+#: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk_select.cu: the portable cluster size)
+MAX_SELECT_CTAS = 8
 #: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
 #: so past a few CTAs the shared placement work no longer pays for the repeated staging
 MAX_CTAS_PER_ROW = 4
@@ -73,8 +78,10 @@ def load() -> ctypes.CDLL:
     lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
     lib.peerdcp_topk_select.restype = ctypes.c_int
     lib.peerdcp_topk_select.argtypes = [
-        _vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _i32, _vp
+        _vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _i32, _i32, _vp
     ]  # fmt: skip
+    lib.peerdcp_topk_select_max_clusters.restype = ctypes.c_int
+    lib.peerdcp_topk_select_max_clusters.argtypes = [ctypes.c_int]
     lib.peerdcp_topk_select_max_n.restype = ctypes.c_int
     lib.peerdcp_topk_select_max_n.argtypes = []
     return lib
@@ -181,6 +188,29 @@ def select_max_n() -> int:
     return int(load().peerdcp_topk_select_max_n())
 
 
+@functools.cache
+def max_select_clusters(ctas: int, device: int) -> int:
+    """Most clusters of ``ctas`` selection CTAs resident at once on ``device`` (CUDA's occupancy query; -1 when it
+    fails). A cluster must fit in one GPC, so this is below SMs / ctas: e.g. 32 rows x 4 CTAs (128 of 132 SMs) ran
+    as two waves on H200, 1.4x slower than one CTA per row (session 19 call 2)."""
+    with torch.cuda.device(device):
+        return int(load().peerdcp_topk_select_max_clusters(ctas))
+
+
+def select_ctas(rows: int, device: int) -> int:
+    """CTAs per row of the CUDA selection of ``rows`` rows on ``device``: ``TUNING["select_ctas"]`` when set, else
+    the largest C of 8, 4, 2 whose ``rows`` clusters are all resident at once (:func:`max_select_clusters`), else
+    1. One CTA of 1024 threads per row leaves the other SMs idle at few rows; a cluster of C splits the row's reads
+    and its final sort C ways."""
+    forced = int(TUNING["select_ctas"])
+    if forced:
+        return max(1, min(MAX_SELECT_CTAS, forced))
+    for c in (8, 4, 2):
+        if rows <= max_select_clusters(c, device):
+            return c
+    return 1
+
+
 def select(
     out: torch.Tensor,
     logits: torch.Tensor,
@@ -198,6 +228,7 @@ def select(
     ``seq_lens [T]`` int32/int64 global lengths. The caller validated shapes; a launch error raises RuntimeError."""
     T, L = logits.shape
     stream = torch.cuda.current_stream(out.device).cuda_stream
+    dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
     rc = load().peerdcp_topk_select(
         out.data_ptr(),
         logits.data_ptr(),
@@ -213,6 +244,7 @@ def select(
         force_first,
         force_last,
         int(bool(TUNING["select_radix_only"])),
+        select_ctas(T, dev),
         stream,
     )
     if rc != 0:

@@ -127,8 +127,9 @@ def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last) 
     """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail.
 
     On a GPU, ``csrc/topk_select.cu`` computes the keys from the scores and selects them in one kernel (radix
-    select + shared-memory sort, one CTA per row) for n = min(k, L) <= 2048; otherwise (and in the interpreter)
-    the Triton ``_keys_kernel`` writes every key and ``torch.topk`` / ``torch.sort`` picks them. Same output."""
+    select + shared-memory sort; one CTA per row, or a cluster of up to 8 per row at few rows) for n = min(k, L)
+    <= 2048; otherwise (and in the interpreter) the Triton ``_keys_kernel`` writes every key and ``torch.topk`` /
+    ``torch.sort`` picks them. Same output."""
     T, L = local_logits.shape
     dev = local_logits.device
     if L == 0:

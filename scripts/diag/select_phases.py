@@ -1,12 +1,16 @@
 """Where the CUDA local candidate selection's time goes (one GPU): phase stamps of CTA 0.
 
     PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE python3 scripts/diag/select_phases.py [--lengths 4096 16384 ...]
+        [--ctas C] [--radix-only]
 
 Builds ``csrc/topk_select.cu`` with ``PEERDCP_SELECT_TRACE`` (a separate cache entry: the extra flag is part of
-the key), runs ``ops.select`` on one row of random scores per local length (top 2048), and prints the
-``%globaltimer`` stamps of CTA 0's thread 0, in µs from the kernel's start: after the sample sort (1), after the
-estimate's gathers (2), after the radix select (3, only when the estimate failed), after the final sort (4), at
-the end (5); -1 = the phase did not run. The median of ``--reps`` launches. A diagnosis tool, not a benchmark.
+the key), runs ``ops.select`` on one row of random scores per local length (top 2048; ``--ctas``: CTAs per row,
+0 = the library's rule), and prints the ``%globaltimer`` stamps of CTA 0's thread 0, in µs from the kernel's
+start: after the sample sort (1), after the estimate's gathers (2), after the radix select (3, only when the
+estimate failed), after the trim to the n largest gathered keys (6, one CTA per row with more than 2048 gathered),
+after the final sort (4; a cluster: CTA 0's sort of its own keys), after a cluster CTA copied its peers' sorted
+lists (7), at the end (5); -1 = the phase did not run.
+The median of ``--reps`` launches. A diagnosis tool, not a benchmark.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ def main() -> int:
     ap.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384, 65536, 131072])
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--radix-only", action="store_true")
+    ap.add_argument("--ctas", type=int, default=0, help="CTAs per row (0: the rule of ops.select_ctas)")
     a = ap.parse_args()
     if "-DPEERDCP_SELECT_TRACE" not in os.environ.get("PEERDCP_NVCC_EXTRA", ""):
         raise SystemExit("set PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE")
@@ -36,8 +41,10 @@ def main() -> int:
     lib = ops.load()
     lib.peerdcp_topk_select_trace.argtypes = [ctypes.c_void_p]
     ops.TUNING["select_radix_only"] = a.radix_only
+    ops.TUNING["select_ctas"] = a.ctas
     buf = (ctypes.c_longlong * 8)()
-    print(f"{'length':>8} " + " ".join(f"{p:>8}" for p in ("sample", "estimate", "radix", "trim", "sort", "end")))
+    phases = ("sample", "estimate", "radix", "trim", "sort", "copy", "end")
+    print(f"{'length':>8} " + " ".join(f"{p:>8}" for p in phases))
     for L in a.lengths:
         x = torch.randn(1, L, device="cuda")
         lens = torch.full((1,), L, dtype=torch.int64, device="cuda")
@@ -49,8 +56,8 @@ def main() -> int:
             torch.cuda.synchronize()
             lib.peerdcp_topk_select_trace(buf)
             t0 = buf[0]
-            rows.append([(buf[i] - t0) / 1e3 if buf[i] >= t0 else -1.0 for i in (1, 2, 3, 6, 4, 5)])
-        med = [statistics.median(r[i] for r in rows) for i in range(6)]
+            rows.append([(buf[i] - t0) / 1e3 if buf[i] >= t0 else -1.0 for i in (1, 2, 3, 6, 4, 7, 5)])
+        med = [statistics.median(r[i] for r in rows) for i in range(7)]
         print(f"{L:>8} " + " ".join(f"{v:8.2f}" for v in med))
     return 0
 

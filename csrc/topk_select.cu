@@ -9,23 +9,28 @@
 // Keys are unique and >= 1, so "the n largest keys, descending" is one well-defined list; the output row is that
 // list (n = min(topk, Lmax)) with -1 past the row's valid keys.
 //
-// One CTA per row, computing keys on the fly from the scores (no key array in global memory):
-//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted keys of 1024 or 2048 evenly spaced
-//      rows (the keys with about n + (kBuf - n) * f / 16 of the row's keys above them), then one pass gathers
+// One CTA per row, or at few rows a thread-block cluster of C <= 8 CTAs per row (each reads a slice of the row;
+// ops.select_ctas picks C from CUDA's cluster occupancy), computing keys on the fly from the scores (no key array
+// in global memory):
+//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted score parts of 1024 or 2048 evenly
+//      spaced rows (about n + (kBuf - n) * f / 16 of the row's keys at or above them), then one pass gathers
 //      every key >= the middle threshold into shared memory; too many (> kBuf) or too few (< n) keys retry with
-//      the next threshold up or down. When that fails (scores whose order correlates with the sample's spacing),
-//      an exact radix select finds the prefix of the n-th key level by level (a histogram of the next kBits bits
-//      per level, one pass each; heavy ties up to six) and a pass gathers the keys above it. Keys are unique, so
-//      every gather takes exactly the keys above a threshold.
-//   2. More than 2 * kThreads gathered keys (n <= 2 * kThreads): an exact radix select over the gathered keys
-//      keeps only those above the n-th largest key's prefix, at most 2 * kThreads of them.
+//      the next threshold up or down. When that fails (scores whose order correlates with the sample's spacing,
+//      heavy ties), an exact radix select finds the prefix of the n-th key level by level (a histogram of the next
+//      kBits bits per level, one pass each; heavy ties up to six) and a pass gathers the keys above it. Keys are
+//      unique, so every gather takes exactly the keys above a threshold. A cluster sums its CTAs' counts and
+//      histograms through distributed shared memory, so every CTA takes the same decisions.
+//   2. One CTA per row, more than 2 * kThreads gathered keys (n <= 2 * kThreads): an exact radix select over the
+//      gathered keys keeps only those above the n-th largest key's prefix, at most 2 * kThreads of them.
 //   3. A sort of the <= 2 * kThreads kept keys, descending (sort_desc: per-warp bitonic networks in registers, then
 //      merge-path merges of sorted runs in shared memory); the first n (or every valid one) are stored, -1 after.
+//      A cluster: each CTA sorts its own gathered keys, copies its peers' sorted lists and stores each of its keys
+//      at its rank among all of them (binary searches).
 //
-// Where the time goes (one H200, one row, scripts/diag/select_phases.py, session 18): the sample sort ~10 us, one
-// gather pass ~0.25 ns per score (one SM's loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the
-// trim of step 2). One CTA
-// per row is the limit at few rows (the other SMs idle); at 128 rows every SM works and it is 4-7x torch.topk.
+// Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19.
+// One CTA per row, one row (session 18): the sample sort ~10 us, one gather pass ~0.25 ns per score (one SM's
+// loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the trim of step 2); a cluster of 8 splits
+// the gathers and the sort 8 ways (128K: 72.9 -> 34.7 us, session 19).
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -105,7 +110,6 @@ struct Row {
   __device__ __forceinline__ int64_t key(float s, int l) const {
     return (static_cast<int64_t>(ordered(s, l)) << 31) | id_part(l);
   }
-  __device__ __forceinline__ int64_t key_at(int l) const { return key(__ldg(x + l), l); }
 };
 
 constexpr int kPerStep = kUnroll * 4;          // scores each thread loads per step
@@ -149,81 +153,98 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
 // Sorts the N = R * kThreads keys of the CTA descending into buf[0, N): thread tid brings v[r] (any order). Each
 // warp first sorts its 32 R keys in registers (a bitonic network: warp shuffles, and register swaps for partners
 // 32 and 64 elements apart), then sorted runs are merged pairwise, log2(kThreads / 32) times, by merge path in
-// shared memory (one buffer: every output is computed in registers before a barrier, then stored).
-template <int R>
-__device__ __forceinline__ void sort_desc(int64_t (&v)[R], int64_t* buf) {
+// shared memory (one buffer: every output is computed in registers before a barrier, then stored). K: int64_t
+// canonical keys, or uint32_t score parts (the estimate's samples: half the shuffles and compares).
+// NT: only threads tid < NT (whole warps) take part, N = R * NT (fewer keys, fewer merge levels: the levels'
+// searches, not the networks, take most of the time); the others only meet the barriers.
+template <int R, typename K, int NT = kThreads>
+__device__ __forceinline__ void sort_desc(K (&v)[R], K* buf) {
+  static_assert(NT % 32 == 0 && NT <= kThreads, "whole warps");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kRun = 32 * R, N = R * kThreads;
+  const bool active = tid < NT;
+  constexpr int kRun = 32 * R, N = R * NT;
+  if (active) {
 #pragma unroll
-  for (int k = 2; k <= kRun; k <<= 1) {
+    for (int k = 2; k <= kRun; k <<= 1) {
 #pragma unroll
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      int64_t o[R];  // every partner's old value first: partners in registers are both updated below
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        K o[R];  // every partner's old value first: partners in registers are both updated below
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        o[r] = j >= 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);  // constant index once unrolled
+        for (int r = 0; r < R; ++r)
+          o[r] = j >= 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);  // constant index once unrolled
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int e = r * 32 + lane;  // the key's index in the warp's run
-        const bool keep_max = ((e & k) == 0) == ((e & j) == 0);  // descending block: the lower index keeps the max
-        v[r] = keep_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
+        for (int r = 0; r < R; ++r) {
+          const int e = r * 32 + lane;  // the key's index in the warp's run
+          const bool keep_max = ((e & k) == 0) == ((e & j) == 0);  // descending block: the lower index keeps the max
+          v[r] = keep_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
+        }
       }
     }
-  }
 #pragma unroll
-  for (int r = 0; r < R; ++r) buf[warp * kRun + r * 32 + lane] = v[r];
+    for (int r = 0; r < R; ++r) buf[warp * kRun + r * 32 + lane] = v[r];
+  }
   __syncthreads();
   // merge levels (merge path): thread tid makes outputs [tid * R, tid * R + R) of its pair of runs A (left) and
   // B (right): a binary search on its diagonal d finds how many of the first d outputs come from A, then R steps
-  // of a sequential merge; A's key goes first among equals (only the padding zeros are equal)
+  // of a sequential merge; A's key goes first among equals (equal keys: the padding zeros, tied score parts)
   for (int run = kRun; run < N; run <<= 1) {
-    const int d0 = tid * R, pair = d0 / (2 * run), d = d0 - pair * 2 * run;
-    const int64_t* A = buf + pair * 2 * run;
-    const int64_t* B = A + run;
-    int lo = d > run ? d - run : 0, hi = d < run ? d : run;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (A[mid] >= B[d - 1 - mid])
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    int i = lo, j = d - lo;
-    int64_t x[R];
+    const int d0 = tid * R;
+    K x[R];
+    if (active) {
+      const int pair = d0 / (2 * run), d = d0 - pair * 2 * run;
+      const K* A = buf + pair * 2 * run;
+      const K* B = A + run;
+      int lo = d > run ? d - run : 0, hi = d < run ? d : run;
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (A[mid] >= B[d - 1 - mid])
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      int i = lo, j = d - lo;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t a = i < run ? A[i] : 0, b = j < run ? B[j] : 0;
-      const bool from_a = j >= run || (i < run && a >= b);
-      x[r] = from_a ? a : b;
-      i += from_a ? 1 : 0;
-      j += from_a ? 0 : 1;
+      for (int r = 0; r < R; ++r) {
+        const K a = i < run ? A[i] : 0, b = j < run ? B[j] : 0;
+        const bool from_a = j >= run || (i < run && a >= b);  // A first among equals, as in the search
+        x[r] = from_a ? a : b;
+        i += from_a ? 1 : 0;
+        j += from_a ? 0 : 1;
+      }
     }
     __syncthreads();  // every thread read its inputs before any output overwrites them
+    if (active) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) buf[d0 + r] = x[r];
+      for (int r = 0; r < R; ++r) buf[d0 + r] = x[r];
+    }
     __syncthreads();
   }
 }
 
-// The keys of R * kThreads evenly spaced local rows of `row`, sorted descending into buf (the estimate's sample).
+// The score parts (ordered(s), 32 bits) of R * kThreads evenly spaced local rows of `row`, sorted descending into
+// buf (the estimate's sample). Without the id part a threshold cannot split tied scores, which only the radix
+// select's fallback then costs; the 32-bit sort has half the shuffles and compares of the keys' (session 19).
 template <int R>
-__device__ __forceinline__ void sort_samples(const Row& row, int64_t* buf) {
+__device__ __forceinline__ void sort_samples(const Row& row, uint32_t* buf) {
   constexpr int S = R * kThreads;
-  int64_t v[R];
+  uint32_t v[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    v[r] = row.key_at(static_cast<int>(static_cast<int64_t>(r * kThreads + threadIdx.x) * row.nloc / S));
+  for (int r = 0; r < R; ++r) {
+    const int l = static_cast<int>(static_cast<int64_t>(r * kThreads + threadIdx.x) * row.nloc / S);
+    v[r] = row.ordered(__ldg(row.x + l), l);
+  }
   sort_desc<R>(v, buf);
 }
 
-// buf[0, count) (count <= R * kThreads) sorted descending in place; padding 0 sorts below every key (keys >= 1).
-template <int R>
+// buf[0, count) (count <= R * NT) sorted descending in place by threads tid < NT; padding 0 sorts below every key
+// (keys >= 1).
+template <int R, int NT = kThreads>
 __device__ __forceinline__ void sort_gathered(int64_t* buf, int count) {
   int64_t v[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) v[r] = r * kThreads + threadIdx.x < count ? buf[r * kThreads + threadIdx.x] : 0;
+  for (int r = 0; r < R; ++r) v[r] = threadIdx.x < NT && r * NT + threadIdx.x < count ? buf[r * NT + threadIdx.x] : 0;
   __syncthreads();  // every key read before the sort rewrites buf
-  sort_desc<R>(v, buf);
+  sort_desc<R, int64_t, NT>(v, buf);
 }
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -383,16 +404,17 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       // it), 2048 beyond: at 64K 1024 samples missed often enough that with 8+ rows some row retried its gather
       // in most calls (58 vs 51 us, session 18 call 16)
       const int S = nloc <= kSmallRow ? kThreads : 2 * kThreads;
+      uint32_t* samples = reinterpret_cast<uint32_t*>(buf);
       if (S == kThreads)
-        sort_samples<1>(row, buf);
+        sort_samples<1>(row, samples);
       else
-        sort_samples<2>(row, buf);
+        sort_samples<2>(row, samples);
       trace(1);
       if (tid < kTries) {
         const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
         int q = static_cast<int>(want * S / nloc) - 1;
         q = q < 0 ? 0 : (q > S - 1 ? S - 1 : q);
-        sh.tau[tid] = buf[q];
+        sh.tau[tid] = static_cast<int64_t>(samples[q]) << 31;  // every key of that score part or above
       }
       __syncthreads();
       int t = kTries / 2, dir = 0;
@@ -459,7 +481,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     }
     __syncthreads();
     const int off_c = off[c];
-    if (mine <= kThreads)
+    if (mine <= kThreads / 2)  // a cluster of 8: ~n * 1.5 / 8 keys each
+      sort_gathered<1, kThreads / 2>(buf, mine);
+    else if (mine <= kThreads)
       sort_gathered<1>(buf, mine);
     else if (mine <= 2 * kThreads)
       sort_gathered<2>(buf, mine);
@@ -476,30 +500,63 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         if (r * kThreads + tid < mine) buf[off_c + r * kThreads + tid] = v[r];
     }
     cl.sync();  // every CTA's list in place (and visible to the cluster)
-    for (int r = 0; r < C; ++r) {
-      if (r == c) continue;
-      const int64_t* peer = cl.map_shared_rank(buf, r);
-      for (int i = tid; i < sh.counts[r]; i += kThreads) buf[off[r] + i] = peer[off[r] + i];
+    {
+      // the peers' lists, slot i of buf from the CTA whose list holds it; the count <= kBuf = 4 * kThreads slots
+      // are four per thread, all four loads in flight at once
+      int64_t v[4];
+      int owner[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = q * kThreads + tid;
+        int r = 0;
+        while (r + 1 < C && i >= off[r + 1]) ++r;
+        owner[q] = i < count ? r : c;
+        if (owner[q] != c) v[q] = cl.map_shared_rank(buf, owner[q])[i];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (owner[q] != c) buf[q * kThreads + tid] = v[q];
     }
     __syncthreads();
     trace(7);
-    for (int i = tid; i < mine; i += kThreads) {
-      const int64_t key = buf[off_c + i];
-      int rank = i;
-      for (int r = 0; r < C; ++r) {
-        if (r == c) continue;
-        const int64_t* list = buf + off[r];
-        int lo = 0, hi = sh.counts[r];  // keys of list r above key: list is descending
-        while (lo < hi) {
-          const int mid = (lo + hi) >> 1;
-          if (list[mid] > key)
-            lo = mid + 1;
-          else
-            hi = mid;
-        }
-        rank += lo;
+    // keys of list r above `key` (list r is descending)
+    auto above_in = [&](int r, int64_t key) -> int {
+      const int64_t* list = buf + off[r];
+      int lo = 0, hi = sh.counts[r];
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (list[mid] > key)
+          lo = mid + 1;
+        else
+          hi = mid;
       }
-      if (rank < n) out[rank] = key;
+      return lo;
+    };
+    if (C > 2 && mine <= kBins) {
+      // one (key, other list) pair per thread and step, not one key with C - 1 searches: every thread searches
+      // (a few hundred keys per CTA would leave most threads idle), and neighbouring threads search the same list
+      // for neighbouring keys (the same first probes); the counts meet in hist, free after the radix levels.
+      // (With C = 2 there is one search per key either way, and the atomics cost ~1 us: session 19 call 5.)
+      int* above = hist;
+      for (int i = tid; i < mine; i += kThreads) above[i] = 0;
+      __syncthreads();
+      for (int p = tid; p < mine * (C - 1); p += kThreads) {
+        const int i = p % mine, q = p / mine, r = q < c ? q : q + 1;
+        const int a = above_in(r, buf[off_c + i]);
+        if (a) atomicAdd(&above[i], a);
+      }
+      __syncthreads();
+      for (int i = tid; i < mine; i += kThreads) {
+        const int rank = i + above[i];
+        if (rank < n) out[rank] = buf[off_c + i];
+      }
+    } else {
+      for (int i = tid; i < mine; i += kThreads) {
+        const int64_t key = buf[off_c + i];
+        int rank = i;
+        for (int r = 0; r < C; ++r) rank += r == c ? 0 : above_in(r, key);
+        if (rank < n) out[rank] = key;
+      }
     }
     for (int i = count + c * kThreads + tid; i < n; i += C * kThreads) out[i] = -1;  // rows of fewer than n keys
     trace(5);

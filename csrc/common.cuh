@@ -190,4 +190,18 @@ struct Pack8<__half> {
   }
 };
 
+// #{y in list[0, n) : y > x} for an int64 list sorted descending: the first index whose key is <= x (a binary
+// search; the Top-K merge and the local selection rank candidate keys with it).
+__device__ __forceinline__ int count_greater(const int64_t* list, int n, int64_t x) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (list[mid] > x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 }  // namespace peerdcp

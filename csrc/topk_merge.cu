@@ -53,24 +53,11 @@ struct MergeParams {
   int place_all;           // 1: no cut-off search; the row's CTAs place every valid key whose rank is < K
 };
 
-__device__ __forceinline__ int count_greater(const int64_t* list, int n, int64_t x) {
-  // #{y in list[0, n) : y > x} for a list sorted descending: the first index whose key is <= x
-  int lo = 0, hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (list[mid] > x)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
 // Rank of key x = sh[a][j] among all W lists (lists b searched over their first n[b] keys), or >= K.
 __device__ __forceinline__ int rank_of(const int64_t* sh, const int* n, int W, int K, int a, int j, int64_t x) {
   int r = j;
   for (int b = 0; b < W && r < K; ++b)
-    if (b != a) r += count_greater(sh + b * K, n[b], x);
+    if (b != a) r += peerdcp::count_greater(sh + b * K, n[b], x);
   return r;
 }
 
@@ -120,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
   }
   __syncthreads();
   if (tid < W) {
-    const int n = count_greater(sh + tid * K, K, -1);  // keys are >= 1, the tail -1
+    const int n = peerdcp::count_greater(sh + tid * K, K, -1);  // keys are >= 1, the tail -1
     nvalid_sh[tid] = n;
     lo_sh[tid] = 0;
     hi_sh[tid] = n;

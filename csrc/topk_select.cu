@@ -37,6 +37,8 @@
 
 #include <cstdint>
 
+#include "common.cuh"
+
 namespace {
 
 constexpr int kThreads = 1024;
@@ -519,19 +521,8 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     }
     __syncthreads();
     trace(7);
-    // keys of list r above `key` (list r is descending)
-    auto above_in = [&](int r, int64_t key) -> int {
-      const int64_t* list = buf + off[r];
-      int lo = 0, hi = sh.counts[r];
-      while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (list[mid] > key)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      return lo;
-    };
+    // keys of list r above `key`
+    auto above_in = [&](int r, int64_t key) -> int { return peerdcp::count_greater(buf + off[r], sh.counts[r], key); };
     if (C > 2 && mine <= kBins) {
       // one (key, other list) pair per thread and step, not one key with C - 1 searches: every thread searches
       // (a few hundred keys per CTA would leave most threads idle), and neighbouring threads search the same list
@@ -653,6 +644,21 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
     select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C);
 }
 
+// A launch of `grid` CTAs of kThreads in clusters of `ctas` (attr: storage for the one attribute).
+cudaLaunchConfig_t cluster_config(cudaLaunchAttribute* attr, int ctas, unsigned grid, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = ctas;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 }  // namespace
 
 // Local canonical candidates of T rows into out [T, n] (contiguous int64), n = min(topk, Lmax) in [1, kMaxN], by
@@ -674,17 +680,8 @@ extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t lo
     topk_select_kernel<false><<<T, kThreads, 0, stream>>>(a);
     return static_cast<int>(cudaGetLastError());
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(T) * ctas);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ctas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, static_cast<unsigned>(T) * ctas, stream);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, topk_select_kernel<true>, a);
   return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }
@@ -693,16 +690,8 @@ extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t lo
 // in one GPC: fewer than SMs / ctas on H200), or -1 when the occupancy query fails.
 extern "C" int peerdcp_topk_select_max_clusters(int ctas) {
   if (ctas < 2 || ctas > kMaxCluster) return -1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(kThreads);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ctas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, ctas, nullptr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, topk_select_kernel<true>, &cfg) != cudaSuccess) {
     cudaGetLastError();  // clear it: the caller falls back to one CTA per row

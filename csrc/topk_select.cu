@@ -30,7 +30,7 @@
 // Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19.
 // One CTA per row, one row (session 18): the sample sort ~10 us, one gather pass ~0.25 ns per score (one SM's
 // loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the trim of step 2); a cluster of 8 splits
-// the gathers and the sort 8 ways (128K: 72.9 -> 34.7 us, session 19).
+// the gathers and the sort 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8; session 19, call 7).
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -578,9 +578,15 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         const bool match = u != 0 && (u >> shift) == P;
         const unsigned act = __ballot_sync(0xffffffffu, match);
         if (match) {
+          // a warp whose keys all fall in one bin (ties, the first levels) adds once; otherwise one atomic per
+          // key (the gathered keys spread over the bins: fewer instructions than a match_any per key)
           const int d = static_cast<int>((u >> lo) & mask);
-          const unsigned peers = __match_any_sync(act, d);  // ties: one shared atomic per bin per warp
-          if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
+          const int lead = __ffs(act) - 1;
+          if (__all_sync(act, d == __shfl_sync(act, d, lead))) {
+            if (lane == lead) atomicAdd(&hist[d], __popc(act));
+          } else {
+            atomicAdd(&hist[d], 1);
+          }
         }
       }
       __syncthreads();

@@ -148,3 +148,25 @@ def _poisoned_output_and_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(keys.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0)), seed
+
+
+def test_gpu_select_rule_first_asked_inside_a_graph_capture():
+    """The CTA-count rule's occupancy query (``ops.max_select_clusters``, cached) may first run while a CUDA graph
+    is being captured: the captured selection is still exact."""
+    g = torch.Generator().manual_seed(9)
+    T, L, k = 3, 20000, 2048
+    x = torch.randn(T, L, generator=g).cuda()
+    lens = torch.full((T,), L, device="cuda")
+    out = torch.full((T, k), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
+    with mock.patch.dict(ops.TUNING, {"select_ctas": 1}):  # build and load outside the capture
+        ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+    ops.max_select_clusters.cache_clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+    assert ops.max_select_clusters.cache_info().currsize >= 1  # asked during the capture
+    out.fill_(0x5A5A5A5A5A5A5A5A)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ops.select_ctas(T, torch.cuda.current_device()) > 1  # the replay ran a cluster per row
+    assert torch.equal(out.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0))

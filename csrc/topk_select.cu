@@ -404,8 +404,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       // threshold after too many keys, a lower one after too few, each one more gather pass
       // 1024 samples up to kSmallRow scores (a sort half as long; the middle threshold has >= 96 samples above
       // it), 2048 beyond: at 64K 1024 samples missed often enough that with 8+ rows some row retried its gather
-      // in most calls (58 vs 51 us, session 18 call 16)
-      const int S = nloc <= kSmallRow ? kThreads : 2 * kThreads;
+      // in most calls (58 vs 51 us, session 18 call 16). A cluster of 4 or more CTAs retries a gather in a
+      // quarter of the time, so there 1024 samples reach twice as far.
+      const int S = nloc <= (C >= 4 ? 2 * kSmallRow : kSmallRow) ? kThreads : 2 * kThreads;
       uint32_t* samples = reinterpret_cast<uint32_t*>(buf);
       if (S == kThreads)
         sort_samples<1>(row, samples);

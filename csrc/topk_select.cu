@@ -223,19 +223,19 @@ __device__ __forceinline__ void sort_desc(K (&v)[R], K* buf) {
   }
 }
 
-// The score parts (ordered(s), 32 bits) of R * kThreads evenly spaced local rows of `row`, sorted descending into
-// buf (the estimate's sample). Without the id part a threshold cannot split tied scores, which only the radix
-// select's fallback then costs; the 32-bit sort has half the shuffles and compares of the keys' (session 19).
-template <int R>
+// The score parts (ordered(s), 32 bits) of S = R * NT evenly spaced local rows of `row`, sorted descending into
+// buf by threads tid < NT (the estimate's sample). Without the id part a threshold cannot split tied scores, which
+// only the radix select's fallback then costs; the 32-bit sort has half the shuffles and compares of the keys'.
+template <int R, int NT = kThreads>
 __device__ __forceinline__ void sort_samples(const Row& row, uint32_t* buf) {
-  constexpr int S = R * kThreads;
+  constexpr int S = R * NT;
   uint32_t v[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int l = static_cast<int>(static_cast<int64_t>(r * kThreads + threadIdx.x) * row.nloc / S);
-    v[r] = row.ordered(__ldg(row.x + l), l);
+    const int l = static_cast<int>(static_cast<int64_t>(r * NT + threadIdx.x) * row.nloc / S);
+    v[r] = threadIdx.x < NT ? row.ordered(__ldg(row.x + l), l) : 0;
   }
-  sort_desc<R>(v, buf);
+  sort_desc<R, uint32_t, NT>(v, buf);
 }
 
 // buf[0, count) (count <= R * NT) sorted descending in place by threads tid < NT; padding 0 sorts below every key
@@ -402,13 +402,16 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     if (!radix_only) {
       // thresholds for expected counts n + (kBuf - n) * f / 16, f = kFrac: the middle one first, then a higher
       // threshold after too many keys, a lower one after too few, each one more gather pass
-      // 1024 samples up to kSmallRow scores (a sort half as long; the middle threshold has >= 96 samples above
-      // it), 2048 beyond: at 64K 1024 samples missed often enough that with 8+ rows some row retried its gather
-      // in most calls (58 vs 51 us, session 18 call 16). A cluster of 4 or more CTAs retries a gather in a
-      // quarter of the time, so there 1024 samples reach twice as far.
-      const int S = nloc <= (C >= 4 ? 2 * kSmallRow : kSmallRow) ? kThreads : 2 * kThreads;
+      // 512 samples up to kSmallRow / 2 scores, 1024 up to kSmallRow (each a sort half as long as the next; the
+      // middle threshold has >= 96 samples above it), 2048 beyond: at 64K 1024 samples missed often enough that
+      // with 8+ rows some row retried its gather in most calls (58 vs 51 us, session 18 call 16). A cluster of 4
+      // or more CTAs retries a gather in a quarter of the time, so there each count reaches twice as far.
+      const int reach = C >= 4 ? 2 * kSmallRow : kSmallRow;
+      const int S = nloc <= reach / 2 ? kThreads / 2 : (nloc <= reach ? kThreads : 2 * kThreads);
       uint32_t* samples = reinterpret_cast<uint32_t*>(buf);
-      if (S == kThreads)
+      if (S == kThreads / 2)
+        sort_samples<1, kThreads / 2>(row, samples);
+      else if (S == kThreads)
         sort_samples<1>(row, samples);
       else
         sort_samples<2>(row, samples);

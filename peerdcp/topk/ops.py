@@ -17,7 +17,18 @@ import torch
 from ..jit import load as load_jit
 from ..kernel_support import num_sms
 
-__all__ = ["TUNING", "ctas_per_row", "grid", "load", "max_keys", "merge", "select", "select_ctas", "select_max_n"]
+__all__ = [
+    "TUNING",
+    "ctas_per_row",
+    "grid",
+    "load",
+    "max_keys",
+    "max_select_clusters",
+    "merge",
+    "select",
+    "select_ctas",
+    "select_max_n",
+]
 
 #: ``cuda_merge_ctas_per_row``: N > 0 forces the cut-off mode with N CTAs per row; ``cuda_merge_place_all_ctas``:
 #: N > 0 forces the place-all mode with N CTAs per row, -1 never picks it. Both 0: the rule of :func:`grid`.
@@ -225,7 +236,8 @@ def select(
     """This rank's canonical candidates of every row: ``out [T, n]`` int64 (contiguous, n = min(topk, L) <=
     :func:`select_max_n`) = the n largest canonical keys of row t's local scores ``logits [T, L]`` fp32 (rows
     contiguous), descending, -1 past the row's valid keys - what ``selector._local_keys`` returns, bit for bit.
-    ``seq_lens [T]`` int32/int64 global lengths. The caller validated shapes; a launch error raises RuntimeError."""
+    ``seq_lens [T]`` int32/int64 global lengths. :func:`select_ctas` CTAs per row (a thread-block cluster when more
+    than one). The caller validated shapes; a launch error raises RuntimeError."""
     T, L = logits.shape
     stream = torch.cuda.current_stream(out.device).cuda_stream
     dev = out.device.index if out.device.index is not None else torch.cuda.current_device()

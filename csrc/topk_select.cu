@@ -12,8 +12,8 @@
 // One CTA per row, or at few rows a thread-block cluster of C <= 8 CTAs per row (each reads a slice of the row;
 // ops.select_ctas picks C from CUDA's cluster occupancy), computing keys on the fly from the scores (no key array
 // in global memory):
-//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted score parts of 1024 or 2048 evenly
-//      spaced rows (about n + (kBuf - n) * f / 16 of the row's keys at or above them), then one pass gathers
+//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted score parts of 512, 1024 or 2048
+//      evenly spaced rows (about n + (kBuf - n) * f / 16 of the row's keys at or above them), then one pass gathers
 //      every key >= the middle threshold into shared memory; too many (> kBuf) or too few (< n) keys retry with
 //      the next threshold up or down. When that fails (scores whose order correlates with the sample's spacing,
 //      heavy ties), an exact radix select finds the prefix of the n-th key level by level (a histogram of the next
@@ -45,7 +45,7 @@ constexpr int kThreads = 1024;
 constexpr int kBuf = 4096;   // keys a gather holds (4 per thread); rows of <= kBuf valid keys take them all
 constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
 constexpr int kMaxCluster = 8;  // most CTAs per row (the portable thread-block cluster size)
-constexpr int kSmallRow = 32768;  // rows of up to this many scores estimate from 1024 samples, longer ones from 2048
+constexpr int kSmallRow = 32768;  // 1024 samples up to this many scores (512 to half of it), 2048 beyond
 constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
 __constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
 constexpr int kBits = 11, kBins = 1 << kBits;

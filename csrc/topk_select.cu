@@ -265,18 +265,17 @@ struct Shared {
 namespace cg = cooperative_groups;
 
 // One row's selection by C CTAs (one thread-block cluster; C = 1: one CTA, no cluster instruction runs). CTA c
-// reads only its slice [row.beg, row.end) of the row; every decision (the estimate's thresholds from the same
-// samples, the gathers' totals, the radix select's summed histograms) is the same in every CTA of the cluster, so
-// all of them take the same path through the same cluster barriers.
+// (its rank in the cluster) reads only its slice [row.beg, row.end) of the row; every decision (the estimate's
+// thresholds from the same samples, the gathers' totals, the radix select's summed histograms) is the same in
+// every CTA of the cluster, so all of them take the same path through the same cluster barriers.
 template <bool VEC, bool CLUSTER>
-__device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool radix_only, int ctas) {
+__device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool radix_only, int ctas, int c) {
   const int C = CLUSTER ? ctas : 1;  // a constant 1 compiles every cluster step out of the one-CTA kernel
   int64_t* buf = sh.buf;
   int* hist = sh.hist;
   const int tid = threadIdx.x, lane = tid & 31;
   const int nloc = row.nloc;
   cg::cluster_group cl = cg::this_cluster();
-  const int c = C > 1 ? static_cast<int>(cl.block_rank()) : 0;
   int parity = 0;  // which sh.pub the next gather publishes
 
   // One level of a radix select, given the level's histogram of the keys with prefix P (bits >= shift): thread i
@@ -642,16 +641,17 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
   rem = rem < 0 ? 0 : (rem > a.I ? a.I : rem);
   const int64_t nl = L > 0 ? (L / IW) * a.I + rem : 0;
   const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);
-  // CTA c of the row's cluster reads local rows [beg, end): C slices of a multiple of 4 rows (the 16-byte loads)
+  // CTA c of the row's cluster (a 1-D grid of clusters of C: c is its rank in the cluster) reads local rows
+  // [beg, end): C slices of a multiple of 4 rows (the 16-byte loads)
   const int c = static_cast<int>(blockIdx.x % a.C), per = ((nloc + a.C - 1) / a.C + 3) & ~3;
   const int beg = c * per < nloc ? c * per : nloc, end = beg + per < nloc ? beg + per : nloc;
   const Row row{a.logits + static_cast<int64_t>(t) * a.logits_stride, L, a.force_first, a.force_last,
                 a.rank, a.W, a.I, nloc, beg, end, a.force_first > 0 || a.force_last > 0};
   int64_t* out = a.out + static_cast<int64_t>(t) * a.n;
   if ((reinterpret_cast<uintptr_t>(a.logits) & 15) == 0 && (a.logits_stride & 3) == 0)
-    select_row<true, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C);
+    select_row<true, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
   else
-    select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C);
+    select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
 }
 
 // A launch of `grid` CTAs of kThreads in clusters of `ctas` (attr: storage for the one attribute).

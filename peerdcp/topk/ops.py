@@ -194,8 +194,8 @@ def merge(
 
 @functools.cache
 def select_max_n() -> int:
-    """Largest n = min(topk, L) :func:`select` handles (its sort holds 4096 keys; a radix level may stop with up to
-    4096 - n + 1 candidates)."""
+    """Largest n = min(topk, L) :func:`select` handles (its gather holds 4096 keys, of which the sort keeps the n
+    largest; a radix level may stop with up to 4096 - n + 1 candidates)."""
     return int(load().peerdcp_topk_select_max_n())
 
 

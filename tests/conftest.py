@@ -15,6 +15,21 @@ _POOLS: dict[tuple[int, str], RankPool] = {}
 #: suites at DCP4 / DCP8 on a host with that many GPUs (they are skipped with fewer).
 GPU_WORLD = int(os.environ.get("PEERDCP_GPU_WORLD", "2"))
 
+#: ``PEERDCP_SHARED_GPU=1``: the multigpu tests run with ranks sharing the GPUs there are (rank r on GPU
+#: r % count; the probe then accepts ranks on one device). Correctness only: the ranks' processes time-slice
+#: a GPU, so each peer wait lasts scheduler slices. NCCL refuses two ranks on one GPU, so the pools' device
+#: collectives (the baselines) go through gloo there.
+SHARED_GPU = os.environ.get("PEERDCP_SHARED_GPU", "") == "1"
+
+#: the rank pools' backend of the GPU tests
+GPU_BACKEND = "cpu:gloo,cuda:gloo" if SHARED_GPU else "cpu:gloo,cuda:nccl"
+
+
+def replays(n: int) -> int:
+    """How many graph replays a test of ``n`` replays runs: ``n``, or n / 500 (at least 16) when ranks share a
+    GPU, where every peer wait lasts a scheduler slice (~50-100 ms per exchange measured on one H200)."""
+    return max(16, n // 500) if SHARED_GPU else n
+
 
 def get_pool(world: int, backend: str = "gloo") -> RankPool:
     key = (world, backend)
@@ -39,10 +54,24 @@ def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs CUDA")
     skip_multi = pytest.mark.skip(reason=f"needs >= {GPU_WORLD} CUDA GPUs (PEERDCP_GPU_WORLD)")
     for item in items:
-        if "multigpu" in item.keywords and ngpu < max(2, GPU_WORLD):
+        if "multigpu" in item.keywords and ngpu < (1 if SHARED_GPU else max(2, GPU_WORLD)):
             item.add_marker(skip_multi)
+        elif "multigpu" in item.keywords and SHARED_GPU and _shared_gpu_skip(item):
+            item.add_marker(
+                pytest.mark.skip(reason=f"ranks share a GPU (PEERDCP_SHARED_GPU): {_shared_gpu_skip(item)}")
+            )
         elif "cuda" in item.keywords and ngpu < 1:
             item.add_marker(skip_cuda)
+
+
+def _shared_gpu_skip(item) -> str:
+    """Why a multigpu test cannot run with ranks sharing a GPU ("" if it can)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "symm" in params.values():
+        return "torch symmetric memory refuses ranks on one GPU (overlapping devices)"
+    if "graph_collective" in item.keywords:
+        return "it captures a collective in a CUDA graph, which gloo cannot be"
+    return ""
 
 
 @pytest.fixture(autouse=True)

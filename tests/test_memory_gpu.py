@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import rankfns_memory as fns
-from conftest import GPU_WORLD
+from conftest import GPU_BACKEND, GPU_WORLD
 
-NCCL = "cpu:gloo,cuda:nccl"
+NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 pytestmark = pytest.mark.multigpu
 
 

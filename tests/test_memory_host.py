@@ -81,3 +81,36 @@ def test_probe_cli_json():
     assert set(d["kinds"]) == {"vmm", "symm", "host"}
     if not d["cuda"]:
         assert any("CUDA" in r for r in d["kinds"]["vmm"]["reasons"])
+
+
+def _gpu_facts(uuids: list[str], device: int, shared: bool) -> dict:
+    """A rank's probe facts on a machine with GPUs ``uuids`` (P2P and atomics both ways, 18 NVLink links)."""
+    p2p = {u: {"to": 1, "from": 1, "atomics": 1} for i, u in enumerate(uuids) if i != device}
+    return {"cuda": True, "host": "h", "pid": 1, "shared_gpu": shared, "uuids": uuids, "names": ["H200"] * len(uuids),
+            "device": device, "driver": True, "vmm": 1, "posix_fd": 1, "fabric_attr": 0, "fabric_trial": "ok",
+            "p2p": p2p, "nvlink": 18, "symm": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_probe_ranks_sharing_a_gpu(shared):
+    """Two ranks on one GPU: refused ("distinct devices"), unless every rank opted in (PEERDCP_SHARED_GPU=1),
+    which makes vmm eligible (no link needed on one GPU, even where NVML counts none) and never symm."""
+    from peerdcp.memory.probe import _evaluate
+
+    one = [_gpu_facts(["GPU-a"], 0, shared) | {"nvlink": 0} for _ in range(2)]
+    for rank in range(2):
+        rep = _evaluate(one, rank)
+        assert rep["vmm"].eligible is shared, rep["vmm"].reasons
+        assert rep["symm"].eligible is False, rep["symm"].reasons
+        if not shared:
+            assert any(r.startswith("distinct devices") for r in rep["vmm"].reasons), rep["vmm"].reasons
+        else:
+            assert any("one rank per GPU" in r for r in rep["symm"].reasons), rep["symm"].reasons
+    # one rank without the opt-in refuses for all; 4 ranks on 2 GPUs need the link between the two GPUs
+    assert not _evaluate([one[0], _gpu_facts(["GPU-a"], 0, False)], 0)["vmm"].eligible
+    two = ["GPU-a", "GPU-b"]
+    four = [_gpu_facts(two, r % 2, True) for r in range(4)]
+    assert _evaluate(four, 3)["vmm"].eligible is True
+    assert _evaluate([f | {"nvlink": 0} for f in four], 3)["vmm"].eligible is False
+    # one rank per GPU is unchanged by the opt-in: symm eligible
+    assert _evaluate([_gpu_facts(two, r, shared) for r in range(2)], 1)["symm"].eligible is True

@@ -6,14 +6,15 @@ Run on the 2-GPU machine:  ``python -m pytest -q tests/test_output_gpu.py``  (sk
 
 from __future__ import annotations
 
+import conftest
 import pytest
 import rankfns_output as fns
 import torch
-from conftest import GPU_WORLD
+from conftest import GPU_BACKEND, GPU_WORLD
 
 pytestmark = pytest.mark.multigpu
 
-NCCL = "cpu:gloo,cuda:nccl"
+NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 KIMI = dict(heads_per_rank=16, head_dim=512)
 TS = [1, 2, 7, 16, 24, 32, 64, 128, 256]  # default: LL (<= 8), sentinel (every CTA both to 16, split roles above)
 
@@ -179,7 +180,7 @@ def test_cuda_kernel_and_triton_twin_match(pools, memory):
 def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
     """One graph = a T=128 call (plain / LL128 / chunked protocol), a T=24 call (the default's LL128 range) and a
     T=3 call (LL protocol for "cuda*")."""
-    replays = 10_000 if kernel not in ("cuda_plain", "triton") else 2_000
+    replays = conftest.replays(10_000 if kernel not in ("cuda_plain", "triton") else 2_000)
     cfg = _cfg("direct", memory, kernel)
     res = _run(_pool(pools), kernel, "graph_replays", cfg, replays, 128, 3, 5, 24, timeout=900)
     for r in res:
@@ -187,6 +188,7 @@ def test_10000_graph_replays_with_changing_inputs(pools, memory, kernel):
         assert r["replays"] == replays and r["mismatches"] == 0, r
 
 
+@pytest.mark.graph_collective
 def test_graph_replays_baselines(pools):
     for backend in ("a2a", "ag_rs"):
         res = _pool(pools).run(fns.graph_replays, _cfg(backend), 200, 64, 2)

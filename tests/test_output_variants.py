@@ -15,6 +15,7 @@ import types
 import pytest
 import rankfns_output as fns
 import torch
+from conftest import GPU_BACKEND
 
 from peerdcp.jit import nvcc_path
 from peerdcp.output import ops
@@ -226,7 +227,7 @@ def test_sentinel_tuning_validated_on_every_rank(pools):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-NCCL = "cpu:gloo,cuda:nccl"
+NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 KIMI = dict(heads_per_rank=16, head_dim=512, max_tokens=256, timeout_s=30.0, backend="direct", kernel="cuda")
 OPT_SETS = [
     ("tight_grid",),

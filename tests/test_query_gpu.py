@@ -6,10 +6,11 @@ Run on the 2-GPU machine:  python -m pytest -q tests/test_query_gpu.py
 
 from __future__ import annotations
 
+import conftest
 import pytest
 import rankfns_query as fns
 import torch
-from conftest import GPU_WORLD
+from conftest import GPU_BACKEND, GPU_WORLD
 
 from peerdcp.query import gather as gather_mod
 from peerdcp.query import kernels as K
@@ -17,7 +18,7 @@ from peerdcp.query import kernels as K
 pytestmark = pytest.mark.multigpu
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
-NCCL = "cpu:gloo,cuda:nccl"
+NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 
 GPU_CASES = {
     "fp8-interleaved-T1-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=1, H=32),
@@ -76,9 +77,9 @@ GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
     + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_sn_u3", "push_sn_whole")],
 )
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
-    res = gpool.run(fns.gpu_graph, memory, impl, mode, 10_000, timeout=900)
+    res = gpool.run(fns.gpu_graph, memory, impl, mode, conftest.replays(10_000), timeout=900)
     for r in res:
-        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == 10_000, r
+        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == conftest.replays(10_000), r
         assert r["impl"] == impl and r["memory"] == memory, r
         if mode == "push":  # T = 8: the CUDA kernel's LL protocol (the Triton twin has none)
             assert r["copy_mode"] == (K.MODE_PUSH_LL if impl == "cuda" else K.MODE_PUSH), r
@@ -98,8 +99,8 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
 
 
 def test_gpu_graph_10000_replays_bf16_sentinel_push(gpool):
-    for r in gpool.run(fns.gpu_graph, "vmm", "cuda", "push_sn", 10_000, out_dtype=BF16, timeout=900):
-        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == 10_000, r
+    for r in gpool.run(fns.gpu_graph, "vmm", "cuda", "push_sn", conftest.replays(10_000), out_dtype=BF16, timeout=900):
+        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == conftest.replays(10_000), r
         assert r["copy_mode"] == K.MODE_PUSH_SN and not r["wide"], r
 
 

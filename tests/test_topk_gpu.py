@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import rankfns_topk as fns
-from conftest import GPU_WORLD
+from conftest import GPU_BACKEND, GPU_WORLD
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.cuda]
 
-NCCL = "cpu:gloo,cuda:nccl"
+NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 MEMORIES = ["vmm", "symm"]
 
 
@@ -54,7 +54,7 @@ def test_gpu_exact_selection_k2048(pools, memory, merge):
 
 @pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
-@pytest.mark.parametrize("backend", ["direct", "allgather"])
+@pytest.mark.parametrize("backend", ["direct", pytest.param("allgather", marks=pytest.mark.graph_collective)])
 @pytest.mark.parametrize("interleave", [1, 64])
 def test_gpu_cuda_graph_replays(pools, memory, backend, interleave, merge):
     res = pools(GPU_WORLD, NCCL).run(fns.graph_exactness, 64, interleave, memory, backend, 10, 5, merge_impl=merge)

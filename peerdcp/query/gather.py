@@ -967,8 +967,11 @@ def _all_gather_into(dst: torch.Tensor, src: torch.Tensor, info) -> None:
     group = info.group if src.is_cuda else info.cpu_group
     # torch >= 2.14 renamed all_gather_into_tensor to all_gather_single (the old name warns)
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    # dst as W copies of src stacked along dim 0: NCCL takes any shape of the right size, gloo (also on CUDA
+    # tensors: a group of ranks that share a GPU) wants each of its W chunks shaped like src
+    stacked = dst.view(info.world_size * src.shape[0], *src.shape[1:]) if src.dim() else dst
     try:
-        ag(dst, src, group=group)
+        ag(stacked, src, group=group)
     except (RuntimeError, NotImplementedError):
         if src.is_cuda:
             raise

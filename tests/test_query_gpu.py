@@ -20,14 +20,15 @@ pytestmark = pytest.mark.multigpu
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 
-# the padded cases pad the W * 16 widened heads to twice as many (64 at W = 2, as they always had; a fixed 64
-# is below the 128 widened heads at W = 8, which the library refuses)
-PAD = 2 * GPU_WORLD * 16
+# the padded cases: W * PH widened heads padded to PAD (pad_heads_to is 64 or 128, FlashMLA's head counts): 32 -> 64
+# at W = 2 (as they always had), 64 -> 128 at W = 4 and, with 8 heads per rank, at W = 8
+PH = 16 if GPU_WORLD * 16 < 128 else 8
+PAD = 64 if GPU_WORLD * PH < 64 else 128
 GPU_CASES = {
     "fp8-interleaved-T1-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=1, H=32),
     "fp8-interleaved-T256-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=256, H=32),
-    f"fp8-neox-scale-T37-H16-pad{PAD}": dict(style="neox", out=FP8, scale=0.5, pad=PAD, T=37, H=16, pos32=True),
-    f"bf16-interleaved-T64-H16-pad{PAD}": dict(style="interleaved", out=BF16, table="kimi-k2", T=64, H=16, pad=PAD),
+    f"fp8-neox-scale-T37-H{PH}-pad{PAD}": dict(style="neox", out=FP8, scale=0.5, pad=PAD, T=37, H=PH, pos32=True),
+    f"bf16-interleaved-T64-H{PH}-pad{PAD}": dict(style="interleaved", out=BF16, table="kimi-k2", T=64, H=PH, pad=PAD),
     "bf16-neox-T5-H64": dict(style="neox", out=BF16, T=5, H=64),
     "fp8-saturation-T9-H8": dict(style="interleaved", out=FP8, scale=2.0, mag=300.0, specials=True, T=9, H=8),
 }

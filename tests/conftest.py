@@ -15,11 +15,14 @@ _POOLS: dict[tuple[int, str], RankPool] = {}
 #: suites at DCP4 / DCP8 on a host with that many GPUs (they are skipped with fewer).
 GPU_WORLD = int(os.environ.get("PEERDCP_GPU_WORLD", "2"))
 
-#: ``PEERDCP_SHARED_GPU=1``: the multigpu tests run with ranks sharing the GPUs there are (rank r on GPU
-#: r % count; the probe then accepts ranks on one device). Correctness only: the ranks' processes time-slice
-#: a GPU, so each peer wait lasts scheduler slices. NCCL refuses two ranks on one GPU, so the pools' device
-#: collectives (the baselines) go through gloo there.
-SHARED_GPU = os.environ.get("PEERDCP_SHARED_GPU", "") == "1"
+#: ``PEERDCP_SHARED_GPU=1`` on a host with fewer GPUs than ``max(2, GPU_WORLD)`` (with enough, it changes
+#: nothing): the multigpu tests run with ranks sharing the GPUs there are (rank r on GPU r % count; the probe
+#: then accepts ranks on one device). Correctness only: the ranks' processes time-slice a GPU, so each peer wait
+#: lasts scheduler slices. NCCL refuses two ranks on one GPU, so the pools' device collectives (the baselines)
+#: go through gloo there.
+SHARED_GPU = os.environ.get("PEERDCP_SHARED_GPU", "") == "1" and (
+    (torch.cuda.device_count() if torch.cuda.is_available() else 0) < max(2, GPU_WORLD)
+)
 
 #: the rank pools' backend of the GPU tests
 GPU_BACKEND = "cpu:gloo,cuda:gloo" if SHARED_GPU else "cpu:gloo,cuda:nccl"

@@ -18,7 +18,7 @@ import time
 import torch
 
 from .geometry import GEOMETRIES, get_geometry
-from .memory.probe import SHARED_GPU_ENV, shared_gpu_allowed
+from .memory.probe import SHARED_GPU_ENV, ranks_share_gpus
 
 __all__ = ["add_run_arguments", "main_run"]
 
@@ -61,7 +61,7 @@ def main_run(args: argparse.Namespace) -> int:
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # PEERDCP_SHARED_GPU=1: ranks may share GPUs (rank r on GPU r % ngpu), for a correctness run with more
     # ranks than GPUs; NCCL refuses two ranks on one GPU, so the baselines go through gloo, and nothing is timed
-    shared = shared_gpu_allowed() and ngpu >= 1 and (args.world or 2) > ngpu
+    shared = ranks_share_gpus(args.world or 2)
     gpu = shared or (ngpu >= 2 and (args.world or ngpu) <= ngpu)
     world = args.world or (2 if shared else ngpu if gpu else 2)
     g = get_geometry(args.geometry)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from peerdcp.launch import RankPool
+from peerdcp.memory.probe import ranks_share_gpus
 
 _POOLS: dict[tuple[int, str], RankPool] = {}
 
@@ -20,9 +21,7 @@ GPU_WORLD = int(os.environ.get("PEERDCP_GPU_WORLD", "2"))
 #: then accepts ranks on one device). Correctness only: the ranks' processes time-slice a GPU, so each peer wait
 #: lasts scheduler slices. NCCL refuses two ranks on one GPU, so the pools' device collectives (the baselines)
 #: go through gloo there.
-SHARED_GPU = os.environ.get("PEERDCP_SHARED_GPU", "") == "1" and (
-    (torch.cuda.device_count() if torch.cuda.is_available() else 0) < max(2, GPU_WORLD)
-)
+SHARED_GPU = ranks_share_gpus(max(2, GPU_WORLD))
 
 #: the rank pools' backend of the GPU tests
 GPU_BACKEND = "cpu:gloo,cuda:gloo" if SHARED_GPU else "cpu:gloo,cuda:nccl"
@@ -59,10 +58,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "multigpu" in item.keywords and ngpu < (1 if SHARED_GPU else max(2, GPU_WORLD)):
             item.add_marker(skip_multi)
-        elif "multigpu" in item.keywords and SHARED_GPU and _shared_gpu_skip(item):
-            item.add_marker(
-                pytest.mark.skip(reason=f"ranks share a GPU (PEERDCP_SHARED_GPU): {_shared_gpu_skip(item)}")
-            )
+        elif "multigpu" in item.keywords and SHARED_GPU and (why := _shared_gpu_skip(item)):
+            item.add_marker(pytest.mark.skip(reason=f"ranks share a GPU (PEERDCP_SHARED_GPU): {why}"))
         elif "cuda" in item.keywords and ngpu < 1:
             item.add_marker(skip_cuda)
 

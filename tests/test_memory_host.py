@@ -114,3 +114,19 @@ def test_probe_ranks_sharing_a_gpu(shared):
     assert _evaluate([f | {"nvlink": 0} for f in four], 3)["vmm"].eligible is False
     # one rank per GPU is unchanged by the opt-in: symm eligible
     assert _evaluate([_gpu_facts(two, r, shared) for r in range(2)], 1)["symm"].eligible is True
+
+
+def test_ranks_share_gpus_only_with_fewer_gpus_than_ranks(monkeypatch):
+    """The opt-in takes effect only with 1 <= GPUs < ranks (``peerdcp run`` and the test pools both ask this)."""
+    from unittest import mock
+
+    from peerdcp.memory.probe import ranks_share_gpus
+
+    for env, ngpu, world, want in [("1", 1, 8, True), ("1", 2, 4, True), ("1", 2, 2, False), ("1", 0, 2, False),
+                                   ("0", 1, 8, False), ("", 1, 2, False)]:  # fmt: skip
+        monkeypatch.setenv("PEERDCP_SHARED_GPU", env)
+        with (
+            mock.patch("torch.cuda.is_available", return_value=ngpu > 0),
+            mock.patch("torch.cuda.device_count", return_value=ngpu),
+        ):
+            assert ranks_share_gpus(world) is want, (env, ngpu, world)

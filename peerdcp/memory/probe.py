@@ -17,7 +17,16 @@ import torch
 
 from .._dist import GroupInfo
 
-__all__ = ["Check", "KindReport", "Capabilities", "probe", "KINDS", "SHARED_GPU_ENV", "shared_gpu_allowed"]
+__all__ = [
+    "Check",
+    "KindReport",
+    "Capabilities",
+    "probe",
+    "KINDS",
+    "SHARED_GPU_ENV",
+    "shared_gpu_allowed",
+    "ranks_share_gpus",
+]
 
 KINDS = ("vmm", "symm", "host")
 
@@ -29,6 +38,13 @@ SHARED_GPU_ENV = "PEERDCP_SHARED_GPU"
 def shared_gpu_allowed() -> bool:
     """Whether this process opted in to ranks sharing a GPU (``PEERDCP_SHARED_GPU=1``)."""
     return os.environ.get(SHARED_GPU_ENV, "") == "1"
+
+
+def ranks_share_gpus(world: int) -> bool:
+    """Whether ``world`` ranks on this host run with ranks sharing GPUs: opted in, and fewer GPUs than ranks
+    (with a GPU per rank the opt-in changes nothing)."""
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return shared_gpu_allowed() and 1 <= ngpu < world
 
 
 @dataclass
@@ -243,11 +259,12 @@ def _evaluate(all_facts: list[dict], rank: int) -> dict[str, KindReport]:
     else:
         drv = False
     p2p_ok = atom_ok = False
+    shared = False  # some ranks on one GPU
     if cuda_all and drv:
         mine = [f["uuids"][f["device"]] for f in all_facts]
-        distinct = len(set(mine)) == W
-        detail = ", ".join(u[-12:] for u in mine)
-        if not distinct and all(f.get("shared_gpu") for f in all_facts):
+        shared = len(set(mine)) < W
+        distinct, detail = not shared, ", ".join(u[-12:] for u in mine)
+        if shared and all(f.get("shared_gpu") for f in all_facts):
             # Correctness testing with more ranks than GPUs: ranks on one GPU map each other's memory like peers;
             # their processes time-slice the GPU, so every wait lasts scheduling slices (milliseconds): no timing.
             distinct, detail = True, f"{detail} (ranks share GPUs: {SHARED_GPU_ENV}=1, correctness testing only)"
@@ -307,7 +324,7 @@ def _evaluate(all_facts: list[dict], rank: int) -> dict[str, KindReport]:
     symm_checks.append(
         Check("torch symmetric memory", s, f"torch {torch.__version__}" if s else me.get("symm_error", "missing"))
     )
-    if cuda_all and drv and len({f["uuids"][f["device"]] for f in all_facts}) < W:
+    if shared:
         # measured (torch 2.11): CUDASymmetricMemoryAllocator::rendezvous "detected allocations from overlapping
         # devices"
         symm_checks.append(Check("one rank per GPU", False, f"ranks share GPUs ({SHARED_GPU_ENV}): torch refuses"))

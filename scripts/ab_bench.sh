@@ -4,6 +4,7 @@
 # ($ROUNDS pairs, default 2), so machine drift shows as a difference between rounds, not between builds.
 # Prebuild both libraries into .jitcache first (the cache key is the csrc contents; see docs/wip/README.md).
 # Usage: AB_DIR=ab/A bash scripts/ab_bench.sh bench.query --heads 32 ...   Logs: $OUT/ab-{B,A}N.log.
+#        AB_DIR=ab/A bash scripts/ab_bench.sh scripts/diag/select_phases.py --ctas 8   (a script: no --out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -15,7 +16,8 @@ bench=$1; shift
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for side in B A; do
     if [ "$side" = A ]; then cp "$A"/* csrc/; else cp /tmp/ab_b/* csrc/; fi
-    timeout "${STAGE_TIMEOUT:-150}" python3 -m "$bench" --out "$OUT/ab-$side$r" "$@" >"$OUT/ab-$side$r.log" 2>&1
+    if [[ "$bench" == *.py ]]; then run=(python3 "$bench"); else run=(python3 -m "$bench" --out "$OUT/ab-$side$r"); fi
+    timeout "${STAGE_TIMEOUT:-150}" "${run[@]}" "$@" >"$OUT/ab-$side$r.log" 2>&1
     echo "== $side$r rc=$?"
   done
 done

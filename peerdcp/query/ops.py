@@ -5,6 +5,11 @@ use by :func:`peerdcp.jit.load`) on the current stream, so they are CUDA-graph c
 mutate their state tensors in place and return nothing; their fake implementations do nothing (there is
 no output to shape). Peer memory, the error word and the remote flags are raw addresses: the ops'
 effects on them are invisible to torch by design.
+
+:func:`query_direct` and :func:`query_wait_acks` go through the ops only under ``torch.compile``; eager calls
+(and CUDA-graph captures, which record the same launch) call the launch functions directly, as the Output
+reducer does: an eager gather took 127-158 µs of host time through the op and 36-38 µs without it (T = 1,
+two H200s, session 21, ``scripts/diag/query_eager_profile.py``).
 """
 
 from __future__ import annotations
@@ -86,8 +91,7 @@ def _addr_array(addrs: tuple[int, ...]) -> ctypes.Array:
     return (ctypes.c_uint64 * len(addrs))(*addrs)
 
 
-@torch.library.custom_op("peerdcp::query_direct", mutates_args=("out", "epochs", "last_z"))
-def _query_direct_op(
+def _launch_query_direct(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
     positions: torch.Tensor,
@@ -152,6 +156,11 @@ def _query_direct_op(
     _check(err, "query_direct")
 
 
+_query_direct_op = torch.library.custom_op("peerdcp::query_direct", mutates_args=("out", "epochs", "last_z"))(
+    _launch_query_direct
+)
+
+
 @_query_direct_op.register_fake
 def _(
     q_nope, q_pe, positions, cos_sin_cache, out, epochs, last_z, peer_addrs, err_addr, timeout_ns, quant_scale, geometry
@@ -159,8 +168,7 @@ def _(
     return None
 
 
-@torch.library.custom_op("peerdcp::query_wait_acks", mutates_args=("last_z",))
-def _query_wait_acks_op(
+def _launch_query_wait_acks(
     last_z: torch.Tensor, peer_addrs: list[int], err_addr: int, timeout_ns: int, geometry: list[int]
 ) -> None:
     rank, W, nprog, mech = geometry
@@ -177,6 +185,11 @@ def _query_wait_acks_op(
         stream,
     )
     _check(err, "query_wait_acks")
+
+
+_query_wait_acks_op = torch.library.custom_op("peerdcp::query_wait_acks", mutates_args=("last_z",))(
+    _launch_query_wait_acks
+)
 
 
 @_query_wait_acks_op.register_fake
@@ -222,7 +235,8 @@ def query_direct(
 
     ``nprog`` is the object's grid (its call counters); ``blocks`` this launch's grid (0: ``nprog``), fewer only
     for the flag-free push modes (LL, LL12, LL128, SN)."""
-    torch.ops.peerdcp.query_direct(
+    launch = torch.ops.peerdcp.query_direct if torch.compiler.is_compiling() else _launch_query_direct
+    launch(
         q_nope,
         q_pe,
         positions,
@@ -241,7 +255,8 @@ def query_direct(
 
 def query_wait_acks(peer_addrs, last_z, err_addr, timeout_ns, rank, W, nprog, mech) -> None:
     """Launch the zero-copy ack wait (``exposed_shard``) on the current stream."""
-    torch.ops.peerdcp.query_wait_acks(last_z, list(peer_addrs), err_addr, timeout_ns, [rank, W, nprog, mech])
+    launch = torch.ops.peerdcp.query_wait_acks if torch.compiler.is_compiling() else _launch_query_wait_acks
+    launch(last_z, list(peer_addrs), err_addr, timeout_ns, [rank, W, nprog, mech])
 
 
 def sn_blocks_per_sm(neox: bool, fp8: bool) -> int:

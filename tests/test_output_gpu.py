@@ -14,13 +14,12 @@ from conftest import GPU_BACKEND, GPU_WORLD
 
 pytestmark = pytest.mark.multigpu
 
-NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 KIMI = dict(heads_per_rank=16, head_dim=512)
 TS = [1, 2, 7, 16, 24, 32, 64, 128, 256]  # default: LL (<= 8), sentinel (every CTA both to 16, split roles above)
 
 
 def _pool(pools):
-    return pools(GPU_WORLD, NCCL)
+    return pools(GPU_WORLD, GPU_BACKEND)
 
 
 # kernel variants: "cuda" (the default: LL protocol up to T = 8, then the sentinel kernel - every CTA publishing and

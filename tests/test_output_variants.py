@@ -227,7 +227,6 @@ def test_sentinel_tuning_validated_on_every_rank(pools):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 KIMI = dict(heads_per_rank=16, head_dim=512, max_tokens=256, timeout_s=30.0, backend="direct", kernel="cuda")
 OPT_SETS = [
     ("tight_grid",),
@@ -262,7 +261,7 @@ def test_gpu_opt_in_variants_agree(pools, opts, ll):
         cfg["ll_max_tokens"] = ll
     cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate([1, 2, 7, 64, 128, 256, 3, 100])]
     many = [dict(T=(i * 37) % 64 + 1, return_lse=(i % 4 == 0)) for i in range(50)]
-    pool = pools(2, NCCL)
+    pool = pools(2, GPU_BACKEND)
     for cs, seed in ((cases, 61), (many, 62)):
         res = pool.run(fns.with_cuda_opts, opts, "run_cases", cfg, cs, seed)
         for rank, rows in enumerate(res):
@@ -280,5 +279,5 @@ def test_gpu_breakdown_leaves_protocol_consistent(pools, T, ll):
     if ll is not None:
         cfg["ll_max_tokens"] = ll
     # the breakdown masks exist in the build without PDL only (ops rejects them with pdl / early_load)
-    res = pools(2, NCCL).run(fns.with_cuda_opts, (), "breakdown_then_full", cfg, T, 71)
+    res = pools(2, GPU_BACKEND).run(fns.with_cuda_opts, (), "breakdown_then_full", cfg, T, 71)
     assert all(r == {"instrumented": True, "full": True, "after": True} for r in res), res

@@ -18,7 +18,6 @@ from peerdcp.query import kernels as K
 pytestmark = pytest.mark.multigpu
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
-NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 
 # the padded cases: W * PH widened heads padded to PAD (pad_heads_to is 64 or 128, FlashMLA's head counts): 32 -> 64
 # at W = 2 (as they always had), 64 -> 128 at W = 4 and, with 8 heads per rank, at W = 8
@@ -36,7 +35,7 @@ GPU_CASES = {
 
 @pytest.fixture(scope="module")
 def gpool(pools):
-    return pools(GPU_WORLD, NCCL)
+    return pools(GPU_WORLD, GPU_BACKEND)
 
 
 @pytest.mark.parametrize("memory", ["vmm", "symm"])
@@ -81,9 +80,10 @@ GRAPH_MODES = ["raw", "roped", "push", "push_plain", "exposed"]
     + [(m, "cuda", x) for m in ("vmm", "symm") for x in ("push_sn_u3", "push_sn_whole")],
 )
 def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
-    res = gpool.run(fns.gpu_graph, memory, impl, mode, conftest.replays(10_000), timeout=900)
+    replays = conftest.replays(10_000)
+    res = gpool.run(fns.gpu_graph, memory, impl, mode, replays, timeout=900)
     for r in res:
-        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == conftest.replays(10_000), r
+        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == replays, r
         assert r["impl"] == impl and r["memory"] == memory, r
         if mode == "push":  # T = 8: the CUDA kernel's LL protocol (the Triton twin has none)
             assert r["copy_mode"] == (K.MODE_PUSH_LL if impl == "cuda" else K.MODE_PUSH), r
@@ -103,8 +103,9 @@ def test_gpu_graph_10000_replays_changing_inputs(gpool, memory, impl, mode):
 
 
 def test_gpu_graph_10000_replays_bf16_sentinel_push(gpool):
-    for r in gpool.run(fns.gpu_graph, "vmm", "cuda", "push_sn", conftest.replays(10_000), out_dtype=BF16, timeout=900):
-        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == conftest.replays(10_000), r
+    replays = conftest.replays(10_000)
+    for r in gpool.run(fns.gpu_graph, "vmm", "cuda", "push_sn", replays, out_dtype=BF16, timeout=900):
+        assert r["eager_ok"] and r["bad"] == 0 and r["replays"] == replays, r
         assert r["copy_mode"] == K.MODE_PUSH_SN and not r["wide"], r
 
 

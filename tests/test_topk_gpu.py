@@ -17,7 +17,6 @@ from peerdcp.topk.reference import local_length
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.cuda]
 
-NCCL = GPU_BACKEND  # cpu:gloo,cuda:nccl (gloo for both when ranks share a GPU)
 MEMORIES = ["vmm", "symm"]
 
 
@@ -38,7 +37,7 @@ MERGES = ["cuda", "triton"]  # the CUDA C++ merge (default on GPU) and its Trito
 @pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_exact_selection_small_k(pools, memory, merge):
-    res = pools(GPU_WORLD, NCCL).run(
+    res = pools(GPU_WORLD, GPU_BACKEND).run(
         fns.exactness, 16, (1, 64), [0, 1, 13, 16, 17, 320, 37], 3, memory=memory, device="cuda", merge_impl=merge
     )
     _check(res, GPU_WORLD)
@@ -48,7 +47,7 @@ def test_gpu_exact_selection_small_k(pools, memory, merge):
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_exact_selection_k2048(pools, memory, merge):
     lens = [0, 1, 2047, 2048, 2049, 4095, 50_000, 131_072]
-    res = pools(GPU_WORLD, NCCL).run(
+    res = pools(GPU_WORLD, GPU_BACKEND).run(
         fns.exactness, 2048, (1, 64), lens, 4, memory=memory, device="cuda", merge_impl=merge
     )
     _check(res, GPU_WORLD)
@@ -59,7 +58,9 @@ def test_gpu_exact_selection_k2048(pools, memory, merge):
 @pytest.mark.parametrize("backend", ["direct", pytest.param("allgather", marks=pytest.mark.graph_collective)])
 @pytest.mark.parametrize("interleave", [1, 64])
 def test_gpu_cuda_graph_replays(pools, memory, backend, interleave, merge):
-    res = pools(GPU_WORLD, NCCL).run(fns.graph_exactness, 64, interleave, memory, backend, 10, 5, merge_impl=merge)
+    res = pools(GPU_WORLD, GPU_BACKEND).run(
+        fns.graph_exactness, 64, interleave, memory, backend, 10, 5, merge_impl=merge
+    )
     for r in res:
         assert all(r["ok"]), r["ok"]
         assert r["backend"] == backend
@@ -70,7 +71,7 @@ def test_gpu_cuda_graph_replays(pools, memory, backend, interleave, merge):
 @pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_back_to_back_without_barrier(pools, memory, merge):
-    res = pools(GPU_WORLD, NCCL).run(
+    res = pools(GPU_WORLD, GPU_BACKEND).run(
         fns.back_to_back, 200, 64, 1, 8, 17, memory=memory, device="cuda", merge_impl=merge
     )
     for r in res:
@@ -79,14 +80,14 @@ def test_gpu_back_to_back_without_barrier(pools, memory, merge):
 
 
 def test_gpu_rows_beyond_max_rows(pools):
-    res = pools(GPU_WORLD, NCCL).run(fns.auto_fallback_rows, 64, 2, memory="auto", device="cuda")
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.auto_fallback_rows, 64, 2, memory="auto", device="cuda")
     for r in res:
         assert r == {"backend": "direct", "T1": True, "T2": True, "T5": True}, r
 
 
 @pytest.mark.parametrize("heads,interleave,upcast", [(64, 1, False), (32, 64, False), (64, 64, True)])
 def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
-    res = pools(GPU_WORLD, NCCL).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", upcast=upcast)
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", upcast=upcast)
     for r in res:
         for lay in ("owner_sharded", "replicated"):
             assert r[lay]["values"] and r[lay]["mask"], r
@@ -97,7 +98,7 @@ def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
 
 @pytest.mark.parametrize("memory", MEMORIES)
 def test_gpu_sharded_pipeline_matches_replicated(pools, memory):
-    res = pools(GPU_WORLD, NCCL).run(fns.pipeline, 64, 128, 64, 1, 9, memory=memory, device="cuda")
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.pipeline, 64, 128, 64, 1, 9, memory=memory, device="cuda")
     for r in res:
         assert r["equal_baseline"] and r["equal_reference"], r
         assert r["bytes"] == (16 // GPU_WORLD * 8448, 16 * 8448)  # 1/W of replicated
@@ -105,19 +106,19 @@ def test_gpu_sharded_pipeline_matches_replicated(pools, memory):
 
 
 def test_gpu_bad_input(pools):
-    res = pools(GPU_WORLD, NCCL).run(fns.bad_inputs, memory="vmm", device="cuda")
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.bad_inputs, memory="vmm", device="cuda")
     for r in res:
         assert "no error" not in r["errors"], r
         assert len(r["errors"]) == 20, r  # 19 + merge_impl unknown
         assert r["good_after"] and r["closed"] == ["ValueError"]
-    res = pools(GPU_WORLD, NCCL).run(fns.bad_cache_inputs, device="cuda")
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.bad_cache_inputs, device="cuda")
     for r in res:
         # indexer_logits(max_seq_len=9) has local_length(9, rank 0) columns: 5 at W = 2, 3 at W = 4, 2 at W = 8
         assert "no error" not in r and f"ok (2, {local_length(9, 0, GPU_WORLD)})" in r, r
 
 
 def test_gpu_missing_peer_times_out(pools):
-    res = pools(GPU_WORLD, NCCL).run(fns.missing_peer, 1, 2.0, memory="vmm", device="cuda")
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.missing_peer, 1, 2.0, memory="vmm", device="cuda")
     assert res[1] == "absent"
     for r, msg in enumerate(res):  # every present rank times out (at W > 2 possibly on a late present peer)
         if r == 1:

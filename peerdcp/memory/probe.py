@@ -262,7 +262,8 @@ def _evaluate(all_facts: list[dict], rank: int) -> dict[str, KindReport]:
     shared = False  # some ranks on one GPU
     if cuda_all and drv:
         mine = [f["uuids"][f["device"]] for f in all_facts]
-        shared = len(set(mine)) < W
+        ndev = len(set(mine))  # GPUs the ranks are on
+        shared = ndev < W
         distinct, detail = not shared, ", ".join(u[-12:] for u in mine)
         if shared and all(f.get("shared_gpu") for f in all_facts):
             # Correctness testing with more ranks than GPUs: ranks on one GPU map each other's memory like peers;
@@ -287,7 +288,7 @@ def _evaluate(all_facts: list[dict], rank: int) -> dict[str, KindReport]:
             atom_ok = p2p_ok and all(me["p2p"][u]["atomics"] for u in peers if u in me["p2p"])
             gpu_checks.append(Check("native peer atomics", atom_ok, "all pairs" if atom_ok else "missing on a pair"))
         links = me.get("nvlink")
-        if len(set(mine)) == 1 and W > 1:  # only possible with PEERDCP_SHARED_GPU (checked above)
+        if ndev == 1 and W > 1:  # only possible with PEERDCP_SHARED_GPU (checked above)
             gpu_checks.append(Check("NVLink", True, "every rank on one GPU: no link used"))
         else:
             gpu_checks.append(

@@ -23,13 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 SHARED = {"PEERDCP_SHARED_GPU": "1"}
 
 
+def _err(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
 def _try(res: dict, name: str, fn) -> None:
     try:
         fn()
         torch.cuda.synchronize()
         res[name] = "ok"
     except Exception as e:  # noqa: BLE001 - reported
-        res[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        res[name] = _err(e)
 
 
 def collectives() -> dict:
@@ -61,7 +65,7 @@ def memory(rounds: int) -> dict:
         try:
             res[f"{kind} write_read"] = fns.write_read_all(4 * 2 * 4096 + 16, kind, "cuda")
         except Exception as e:  # noqa: BLE001
-            res[f"{kind} write_read"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            res[f"{kind} write_read"] = _err(e)
     if caps.eligible("vmm"):
         from peerdcp.memory.selftest import expected_pattern, roundtrip, roundtrip_nbytes
 

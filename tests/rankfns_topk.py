@@ -668,3 +668,41 @@ def scoring_pdl(seed: int, calls: int = 6) -> dict:
             del graph, outs
     c.close()
     return res
+
+
+def scoring_register_cap(seed: int) -> dict:
+    """The scoring kernel with ``TUNING["scan_maxnreg"]`` at 64 (the library's) against the uncapped kernel, bit for
+    bit, for head counts whose tile is 64 (capped: 32, 64) and wider (not capped: 128, 200), at row counts and
+    lengths that take the one-page, small and wave-fill pages-per-program rules; outputs poisoned (NaN) first.
+    Returns ``{H: [bitwise equal per case]}`` and, per H, whether the capped scores are finite where they must be."""
+    from unittest import mock
+
+    from peerdcp.topk import cache as cache_mod
+
+    dev = _device("cuda")
+    W = dist.get_world_size()
+    c = peerdcp.IndexKCache(capacity_tokens=1 << 17, layout="owner_sharded", device=dev)
+    S = 1 << 17
+    kk, ksc = random_keys(S, 128, seed)
+    c.write(torch.arange(S, device=dev), kk.to(dev), ksc.to(dev))
+    g = _gen(seed + 1)
+    res = {}
+    for H in (32, 64, 128, 200):
+        ok = []
+        for T, L in ((1, 4000), (8, 40000), (32, 30000), (64, S)):
+            q = (torch.randn(T, H, 128, generator=g) * 2).to(torch.float8_e4m3fn).to(dev)
+            w = (torch.randn(T, H, generator=g) * 0.02).to(dev)
+            lens = torch.randint(1, L + 1, (T,), generator=g).to(dev)
+            lens[0] = L
+            npg = -(-ref.local_length(L, 0, W, 1) // c.page_size)
+            table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
+            outs = []
+            for cap in (64, 0):
+                with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": cap}):
+                    o = peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=L)
+                    outs.append(o.view(torch.int32).clone())
+                    o.fill_(float("nan"))  # the allocator may hand this block to the next call: poison it
+            ok.append(bool(torch.equal(outs[0], outs[1])) and bool(torch.isfinite(outs[0].view(torch.float32)).any()))
+        res[H] = ok
+    c.close()
+    return res

@@ -33,6 +33,14 @@ def test_gpu_scoring_pages_per_program(pools, npage):
         assert r["bitwise_vs_replicated"] and r["no_table"] and r["narrow_table"], r
 
 
+def test_gpu_scoring_register_cap_is_bitwise_neutral(pools):
+    """The 64-register cap (``TUNING["scan_maxnreg"]``, 64-head tiles only) changes no score bit: capped and
+    uncapped kernels agree at 32, 64, 128 and 200 heads, 1-64 rows, 4K-128K tokens."""
+    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_register_cap, 13)
+    for r in res:
+        assert set(r) == {32, 64, 128, 200} and all(all(v) for v in r.values()), r
+
+
 # ------------------------------------------------------------------------------- candidate selection
 def _reference(logits: torch.Tensor, lens: torch.Tensor, k: int, r: int, W: int, I: int, ff: int, fl: int):
     """``int64 [T, min(k, L)]``: the n largest canonical keys of each row's valid local scores, -1 tail (CPU)."""

@@ -268,15 +268,22 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 # not a candidate. (bench/results/2026-11-30/s14/call4.) The small floor (call 6, 1-8 rows x 32K-128K): 2 pages per
 # program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs 4.77, 2 x 32K replicated 4.29 vs 4.62, 4 x 32K sharded
 # 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
-# "scan_wave_npages" / "scan_resident_per_sm": the mid-size rule of _scan_npage (an empty tuple turns it off). 7
-# resident programs per SM is the compiled kernel's occupancy on H200 (64-72 registers, score_sweep's kernel report).
+# "scan_wave_npages" / "scan_resident_per_sm": the mid-size rule of _scan_npage (an empty tuple turns it off). 8
+# resident programs per SM is the compiled kernel's occupancy on H200 with "scan_maxnreg" 64 (7 uncapped: 72
+# registers; score_sweep's kernel report).
 # 7 and 9 joined the candidates in session 19 (call 1, one-GPU emulation of W = 2, us before -> after): 8 x 128K
 # sharded 23.48 -> 22.57 (9 pages: 912 programs, one wave, instead of 10), 16 x 32K replicated 23.29 -> 22.36,
 # 32 x 32K replicated 41.44 -> 41.12; the other shapes of rows 8-64 x 32K / 128K choose as before.
 # "scan_pdl": launch with programmatic dependent launch (kernel_support.grid_dependency_sync): 0 off, 1 wait for the
 # previous kernel inside the kernel, 2 also let the next PDL kernel launch as soon as every program started.
-# "scan_maxnreg": a register cap for the scan (Triton's maxnreg; 0 = none). 64 holds 8 programs per SM instead of 7
-# (no spills at 2 stages, session 15 call 3); pair it with scan_resident_per_sm = 8.
+# "scan_maxnreg": a register cap for the FP8 scan with a 64-head tile (DeepSeek-V3.2's 64 heads, GLM-5's 32; Triton's
+# maxnreg; 0 = none): 64 holds 8 programs per SM instead of 7 (72 registers uncapped; no spills at 2 stages). Wider
+# tiles (more heads) keep 64 x BLOCK_H fp32 accumulators per program and the fp16 fallback other operands: no cap.
+# Session 15 (call 3) measured it within the spread with the wave rule's 7; session 22 (call 4, one-GPU emulation of
+# W = 2, 3 rounds, us replicated / owner-sharded, uncapped with 7 -> capped with scan_resident_per_sm = 8): 41.26 /
+# 23.46 -> 40.62 / 22.49 at 32 x 32K, 80.61 / 42.10 -> 77.15 / 41.86 at 64 x 32K, 159.3 / 82.3 -> 155.9 / 79.5 at
+# 128 x 32K, 41.22 / 22.52 -> 40.29 / 22.22 at 8 x 128K, 318.8 / 161.7 -> 314.8 / 154.6 at 64 x 128K; 128 x 128K
+# 615.3 / 317.6 -> 625.3 / 318.2 (the one loss, 1.6 % replicated); 1 and 8 rows x 32K and 1 x 128K within 0.15 us.
 TUNING = {
     "scan_group": 1,
     "scan_npage": 0,
@@ -285,9 +292,9 @@ TUNING = {
     "scan_min_programs_per_sm": 30,
     "scan_min_programs_per_sm_small": 3,
     "scan_wave_npages": (2, 5, 6, 7, 8, 9, 10, 12),
-    "scan_resident_per_sm": 7,
+    "scan_resident_per_sm": 8,
     "scan_pdl": 0,
-    "scan_maxnreg": 0,
+    "scan_maxnreg": 64,
 }
 
 
@@ -405,8 +412,6 @@ def indexer_logits(
     else:  # the interpreter pays per program and per step, not per element: one dot over every page
         group = npage = triton.next_power_of_2(pages)
     opts = {"num_stages": int(TUNING["scan_stages"])} if dev.type == "cuda" and TUNING["scan_stages"] else {}
-    if dev.type == "cuda" and TUNING["scan_maxnreg"]:
-        opts["maxnreg"] = int(TUNING["scan_maxnreg"])
     pdl = int(TUNING["scan_pdl"]) if on_gpu(dev) else 0
     if pdl:
         opts["launch_pdl"] = True
@@ -417,6 +422,7 @@ def indexer_logits(
     block_h = max(64 if dev.type == "cuda" else 16, triton.next_power_of_2(H))
 
     def launch(dot: int) -> None:
+        cap = int(TUNING["scan_maxnreg"]) if dev.type == "cuda" and dot == 0 and block_h == 64 else 0
         _logits_kernel[grid](
             q_fp8,
             q_fp8.stride(0),
@@ -448,6 +454,7 @@ def indexer_logits(
             PDL=pdl,
             num_warps=4,
             **opts,
+            **({"maxnreg": cap} if cap else {}),
         )
 
     key = (dev.index if dev.type == "cuda" else -1, block_h)

@@ -169,7 +169,7 @@ def _print_report(rep: dict) -> None:
         )
     con.print(t)
     if "timings" in rep:
-        t = Table(title="time per call, slowest rank (median, eager)")
+        t = Table(title="time per call, slowest rank (median; eager, 10-call bursts on GPU)")
         for c in ("mechanism", "peerdcp (us)", "collective baseline (us)", "speed-up"):
             t.add_column(c)
         for name, v in rep["timings"][0].items():

@@ -286,22 +286,32 @@ def timings(reps: int) -> dict:
     return out
 
 
+_BURST = 10  # back-to-back eager calls per GPU timing sample (see _time)
+
+
 def _time(fn, reps: int) -> float:
-    """Median microseconds per call (eager; slowest rank)."""
+    """Median microseconds per call (eager; slowest rank).
+
+    A GPU sample is ``_BURST`` back-to-back calls after a barrier, divided by ``_BURST``: the ranks leave the
+    (gloo) barrier at different times and every exchange, direct or collective, waits for the last rank, so a
+    one-call sample adds that skew to the call; a burst spreads it over ``_BURST`` calls. An engine's layers call
+    each mechanism back to back, as here. CPU samples stay one call (the interpreter takes milliseconds)."""
     # warm-up: builds and caches the GPU kernels; on CPU (the interpreter, nothing to build) one call checks the path
-    for _ in range(2 if torch.cuda.is_available() else 1):
+    gpu = torch.cuda.is_available()
+    for _ in range(2 if gpu else 1):
         fn()
     _sync()
     samples = []
     for _ in range(reps):
         dist.barrier()
-        if torch.cuda.is_available():
+        if gpu:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            for _ in range(_BURST):
+                fn()
             b.record()
             b.synchronize()
-            samples.append(a.elapsed_time(b) * 1e3)
+            samples.append(a.elapsed_time(b) * 1e3 / _BURST)
         else:
             t0 = time.perf_counter()
             fn()

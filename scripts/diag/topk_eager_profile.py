@@ -18,23 +18,13 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def _host_us(fn, calls: int) -> float:
-    """Host microseconds per call of ``calls`` back-to-back calls (the GPU drains after the clock stops)."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return t
+from scripts.diag.query_eager_profile import _per_call_us as _host_us  # noqa: E402 - host us per call, back to back
 
 
 def _gpu_us(fn, calls: int) -> float:

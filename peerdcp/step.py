@@ -294,8 +294,8 @@ def _time(fn, reps: int) -> float:
 
     A GPU sample is ``_BURST`` back-to-back calls after a barrier, divided by ``_BURST``: the ranks leave the
     (gloo) barrier at different times and every exchange, direct or collective, waits for the last rank, so a
-    one-call sample adds that skew to the call; a burst spreads it over ``_BURST`` calls. An engine's layers call
-    each mechanism back to back, as here. CPU samples stay one call (the interpreter takes milliseconds)."""
+    one-call sample adds that skew to the call; a burst spreads it over ``_BURST`` calls. An engine makes its calls
+    with no barrier between them, as a burst does. CPU samples stay one call (the interpreter takes milliseconds)."""
     # warm-up: builds and caches the GPU kernels; on CPU (the interpreter, nothing to build) one call checks the path
     gpu = torch.cuda.is_available()
     for _ in range(2 if gpu else 1):

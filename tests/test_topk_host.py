@@ -253,10 +253,13 @@ def test_scan_npage_policy():
     # the benchmark's shapes on H200 (132 SMs): (rows, pages) -> pages per program. Session 14 measured the first
     # five (1, 2, 2, 2, 8); session 18 the mid-size rule: 32 rows x 256 pages (32K sharded) 10, 32 x 512 (32K
     # replicated) 6, 64 x 256 6, 8 x 1024 (128K sharded) 10, 8 x 2048 6 - and 8 x 512 (32K replicated) 5; session
-    # 19 added 7 and 9 to its candidates: 32 x 512, 8 x 1024 and 8 x 2048 now 9.
+    # 19 added 7 and 9 to its candidates: 32 x 512, 8 x 1024 and 8 x 2048 now 9. Session 22's register cap (8
+    # resident per SM): 8 pages at every mid size, 2 at 8 x 512 - at 8 and 32 rows the fastest of 2 and 4-16 (call 5).
     shapes = ((1, 512), (8, 256), (1, 1024), (64, 512), (32, 1024), (32, 256), (32, 512), (64, 256), (8, 1024),
               (8, 2048), (8, 512))  # fmt: skip
-    assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
+    assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 8, 8, 8, 8, 8, 2]
+    with mock.patch.dict(cache.TUNING, {"scan_resident_per_sm": 7}):  # session 19's (uncapped kernel)
+        assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
 
 
 def test_select_ctas_rule():

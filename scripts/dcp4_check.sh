@@ -7,7 +7,10 @@
 #   PART=3 (~300 s): the Query back-to-back eager test (200 calls; 281 s at W = 4 in session 16, call 1);
 #   PART=4 (~250 s): the Top-K merge since session 16 (cut-offs, CTAs per row): its W-dependent tests and
 #          bench.topk's merge part with every CTA count; bench.output at T <= 32 with the LL range, without
-#          it and LL at every T (the W = 2 policy, LL to T = 8, is slow at T = 8 at W = 4).
+#          it and LL at every T (the W = 2 policy, LL to T = 8, is slow at T = 8 at W = 4);
+#   PART=5 (<= 590 s): every test of the memory, Top-K and Output GPU suites (vmm and symm, the NCCL baselines in
+#          graphs); PART=6 (<= 590 s): every Query GPU test. At W = 2 (session 21) Top-K's 89 tests took 59 s and
+#          memory 7 + JIT 1 + Query 60 + Output 60 took 431 s together; W = 4 may not fit one call each.
 # Logs (and query.json) under $OUT, at most 8 files (the device returns no more).
 # Usage: WORLD=4 PART=1 bash scripts/dcp4_check.sh   (WORLD=2 runs the same on nvidia-h200-x2)
 set -uo pipefail
@@ -49,5 +52,9 @@ case "${PART:-1}" in
     stage 90 "bench-output:--world $W --geometries kimi dsv32 --tokens 1 2 4 8 12 16 32 --modes graph --memories vmm --kernels cuda cuda_no_ll cuda_ll --baselines a2a --iters 20 --sglang-kernels .sglk/dcp_kernels.py"
     rm -f "${OUT:-out}"/*.png
     for f in bench-topk bench-output; do echo "##### $f"; tail -n 24 "${OUT:-out}/$f.log"; done ;;
-  *) echo "PART must be 1, 2, 3 or 4" >&2; exit 2 ;;
+  5)
+    stage 120 "tests-mt:tests/test_memory_gpu.py $T tests/test_topk_merge_gpu.py tests/test_topk_local_gpu.py"
+    stage 460 "tests-output:$O" ;;
+  6) stage 590 "tests-query:$Q" ;;
+  *) echo "PART must be 1 to 6" >&2; exit 2 ;;
 esac

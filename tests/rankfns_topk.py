@@ -706,3 +706,54 @@ def scoring_register_cap(seed: int) -> dict:
         res[H] = ok
     c.close()
     return res
+
+
+def scoring_refused_cap(seed: int) -> dict:
+    """A register cap ptxas refuses (32: the FP8 MMA needs ~58) must fall back to the uncapped FP8 kernel - same
+    bits as ``scan_maxnreg`` = 0, one warning, the FP8 path kept (not the fp16 one) - with the module's compile
+    memos empty as on a first call."""
+    import warnings
+    from unittest import mock
+
+    from peerdcp.topk import cache as cache_mod
+
+    dev = _device("cuda")
+    W = dist.get_world_size()
+    c = peerdcp.IndexKCache(capacity_tokens=1 << 14, layout="owner_sharded", device=dev)
+    S = 10000
+    kk, ksc = random_keys(S, 128, seed)
+    c.write(torch.arange(S, device=dev), kk.to(dev), ksc.to(dev))
+    g = _gen(seed + 1)
+    T, H = 4, 64
+    q = (torch.randn(T, H, 128, generator=g) * 2).to(torch.float8_e4m3fn).to(dev)
+    w = (torch.randn(T, H, generator=g) * 0.02).to(dev)
+    lens = torch.tensor([S, S - 1, 100, 0], device=dev)
+    npg = -(-ref.local_length(S, 0, W, 1) // c.page_size)
+    table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
+
+    def score() -> torch.Tensor:
+        return peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=S).view(torch.int32).clone()
+
+    with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 0}):
+        want = score()
+    key = (dev.index, 64)
+    with (
+        mock.patch.object(cache_mod, "_UPCAST", {}),
+        mock.patch.object(cache_mod, "_UNCAPPED", set()),
+        mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 32}),
+    ):
+        with warnings.catch_warnings(record=True) as first:
+            warnings.simplefilter("always")
+            got1 = score()
+        with warnings.catch_warnings(record=True) as second:
+            warnings.simplefilter("always")
+            got2 = score()
+        ours = [[str(x.message) for x in ws if "indexer_logits" in str(x.message)] for ws in (first, second)]
+        res = {
+            "same_bits": bool(torch.equal(got1, want)) and bool(torch.equal(got2, want)),
+            "warned_once": len(ours[0]) == 1 and "register cap refused" in ours[0][0] and not ours[1],
+            "fp8_kept": cache_mod._UPCAST.get(key) is False,
+            "uncapped_noted": key in cache_mod._UNCAPPED,
+        }
+    c.close()
+    return res

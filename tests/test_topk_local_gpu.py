@@ -41,6 +41,13 @@ def test_gpu_scoring_register_cap_is_bitwise_neutral(pools):
         assert set(r) == {32, 64, 128, 200} and all(all(v) for v in r.values()), r
 
 
+def test_gpu_scoring_refused_register_cap_falls_back_uncapped(pools):
+    """A register cap the compiler refuses costs one warning and the cap, never the FP8 path or a score bit."""
+    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_refused_cap, 17)
+    for r in res:
+        assert r == {"same_bits": True, "warned_once": True, "fp8_kept": True, "uncapped_noted": True}, r
+
+
 # ------------------------------------------------------------------------------- candidate selection
 def _reference(logits: torch.Tensor, lens: torch.Tensor, k: int, r: int, W: int, I: int, ff: int, fl: int):
     """``int64 [T, min(k, L)]``: the n largest canonical keys of each row's valid local scores, -1 tail (CPU)."""

@@ -247,6 +247,7 @@ class IndexKCache:
 
 # ----------------------------------------------------------------------------------------- scoring
 _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed to compile there
+_UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUNING["scan_maxnreg"]
 
 
 # The scoring kernel's work split on GPU: "scan_group" pages per dot (the same for every call, so a token's
@@ -421,8 +422,10 @@ def indexer_logits(
     # FP8 dot as one warpgroup MMA (m64) for GLM-5's 32 heads too
     block_h = max(64 if dev.type == "cuda" else 16, triton.next_power_of_2(H))
 
+    key = (dev.index if dev.type == "cuda" else -1, block_h)
+    cap = int(TUNING["scan_maxnreg"]) if dev.type == "cuda" and block_h == 64 and key not in _UNCAPPED else 0
+
     def launch(dot: int) -> None:
-        cap = int(TUNING["scan_maxnreg"]) if dev.type == "cuda" and dot == 0 and block_h == 64 else 0
         _logits_kernel[grid](
             q_fp8,
             q_fp8.stride(0),
@@ -454,23 +457,35 @@ def indexer_logits(
             PDL=pdl,
             num_warps=4,
             **opts,
-            **({"maxnreg": cap} if cap else {}),
+            **({"maxnreg": cap} if cap and dot == 0 else {}),
         )
 
-    key = (dev.index if dev.type == "cuda" else -1, block_h)
     if os.environ.get("PEERDCP_INDEXER_UPCAST") == "1":  # force the fp16 path (tests, diagnosis)
         launch(1)
     elif dev.type != "cuda":
         launch(2)  # interpreter: exact fp64 head dots
-    elif key in _UPCAST:
-        launch(1 if _UPCAST[key] else 0)
+    elif _UPCAST.get(key):
+        launch(1)
     else:
-        try:  # first use of this variant on this GPU: FP8 x FP8 tl.dot, else the exact fp16 fallback
+        try:
             launch(0)
-            _UPCAST[key] = False
-        except Exception as e:  # noqa: BLE001 - a compiler refusal; the fallback is exact
+        except Exception as e:  # noqa: BLE001 - a compiler refusal; both fallbacks are exact
+            if cap:  # ptxas refuses a cap below what an instruction needs: the uncapped kernel, same bits
+                _UNCAPPED.add(key)
+                cap = 0
+                warnings.warn(f"indexer_logits: register cap refused ({e!s:.200}); scoring uncapped", stacklevel=2)
+                try:
+                    launch(0)
+                    _UPCAST[key] = False
+                    return out
+                except Exception as e2:  # noqa: BLE001
+                    e = e2
+            if key in _UPCAST:  # the FP8 kernel compiled here before: not a compiler refusal of the FP8 dot
+                raise e
             msg = f"indexer_logits: FP8 tl.dot failed to compile ({e!s:.200}); using the fp16 path"
             warnings.warn(msg, stacklevel=2)
             _UPCAST[key] = True
             launch(1)
+        else:
+            _UPCAST[key] = False
     return out

@@ -673,8 +673,9 @@ def scoring_pdl(seed: int, calls: int = 6) -> dict:
 def scoring_register_cap(seed: int) -> dict:
     """The scoring kernel with ``TUNING["scan_maxnreg"]`` at 64 (the library's) against the uncapped kernel, bit for
     bit, for head counts whose tile is 64 (capped: 32, 64) and wider (not capped: 128, 200), at row counts and
-    lengths that take the one-page, small and wave-fill pages-per-program rules; outputs poisoned (NaN) first.
-    Returns ``{H: [bitwise equal per case]}`` and, per H, whether the capped scores are finite where they must be."""
+    lengths that take the one-page, small, wave-fill and large pages-per-program rules. Each output is poisoned (NaN)
+    once copied, so a block the allocator hands to the next call holds no earlier scores. Returns ``{H: [per case:
+    bit-equal and some score finite]}`` (the fp64 reference checks are the pages-per-program tests')."""
     from unittest import mock
 
     from peerdcp.topk import cache as cache_mod

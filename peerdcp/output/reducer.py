@@ -472,7 +472,6 @@ class OutputReducer:
             self._buf.fill_collective(self._layout.sn_off, self._layout.sn_payload_bytes, 0xFF)
         self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
         self._err = ErrorWord(dev, self.timeout_s)
-        self._err_np = self._err.tensor.numpy()
         self._timeout_ns = int(self.timeout_s * 1e9)
         self._max_spins = spin_budget(self.timeout_s, dev)
         self._gpu = gpu
@@ -515,12 +514,12 @@ class OutputReducer:
             raise ValueError("OutputReducer is closed")
         if self._error is not None:
             raise self._error
-        if self._buf is not None and self._err_np[0] != 0:
+        if self._buf is not None and self._err.words[0] != 0:
             self._record_error()
             raise self._error
 
     def _record_error(self) -> None:
-        w = [int(x) for x in self._err_np[:5]]
+        w = [int(x) for x in self._err.words[:5]]
         epoch = w[4] // K.TOKEN_SPACE
         self._error = PeerTimeoutError(w[1], w[2], "output", epoch, self.timeout_s)
 
@@ -624,7 +623,7 @@ class OutputReducer:
             W=W, H=H, D=D, HB=self._hpu, BLOCK_D=triton.next_power_of_2(D), NC=triton.cdiv(H, self._hpu),
             BASE2=self._base2, RETURN_LSE=out_lse is not None, MECH=self._mech, GPU=self._gpu,
         )  # fmt: skip
-        if not self._gpu and self._err_np[0] != 0:  # the interpreter ran synchronously: report now
+        if not self._gpu and self._err.words[0] != 0:  # the interpreter ran synchronously: report now
             self._record_error()
             raise self._error
 

@@ -47,6 +47,7 @@ __all__ = [
     "spin_budget",
     "mechanism_code",
     "num_sms",
+    "current_stream_handle",
     "grid_dependency_sync",
 ]
 
@@ -60,6 +61,19 @@ def on_gpu(device: torch.device) -> bool:
 
 
 ON_GPU = on_gpu  # alias kept short for call sites
+
+
+# torch's own raw-stream getter (what Inductor's generated launchers call) skips building a Stream object and
+# resolving the device on every eager launch; absent on CPU builds, where the public path is the fallback.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream_handle(device: torch.device) -> int:
+    """The ``cudaStream_t`` (as an int) of the current stream on CUDA ``device``, for ctypes launches."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 @functools.cache

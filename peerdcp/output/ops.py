@@ -15,7 +15,7 @@ import functools
 import torch
 
 from ..jit import load as load_jit
-from ..kernel_support import num_sms
+from ..kernel_support import current_stream_handle, num_sms
 
 __all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct", "OPTS"]
 
@@ -213,7 +213,7 @@ class DirectLauncher:
             if tokens > t:
                 pub, loads = n, u
         p.sn_pub, p.sn_loads = pub, loads
-        stream = ctypes.c_void_p(torch.cuda.current_stream(partial_out.device).cuda_stream)
+        stream = ctypes.c_void_p(current_stream_handle(partial_out.device))
         _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
     @property

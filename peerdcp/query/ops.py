@@ -20,6 +20,7 @@ import functools
 import torch
 
 from ..jit import load as load_jit
+from ..kernel_support import current_stream_handle
 
 __all__ = ["load", "query_direct", "query_wait_acks", "sn_blocks_per_sm"]
 
@@ -110,7 +111,7 @@ def _launch_query_direct(
     )
     sn_off, sn_max, nprog, blocks, mode, neox, mech = geometry[14:]
     lib = load()
-    stream = torch.cuda.current_stream(out.device).cuda_stream
+    stream = current_stream_handle(out.device)
     err = lib.peerdcp_query_direct(
         q_nope.data_ptr(),
         q_pe.data_ptr(),
@@ -172,7 +173,7 @@ def _launch_query_wait_acks(
     last_z: torch.Tensor, peer_addrs: list[int], err_addr: int, timeout_ns: int, geometry: list[int]
 ) -> None:
     rank, W, nprog, mech = geometry
-    stream = torch.cuda.current_stream(last_z.device).cuda_stream
+    stream = current_stream_handle(last_z.device)
     err = load().peerdcp_query_wait_acks(
         ctypes.cast(_addr_array(tuple(peer_addrs)), _vp),
         last_z.data_ptr(),

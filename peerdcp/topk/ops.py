@@ -15,7 +15,7 @@ import functools
 import torch
 
 from ..jit import load as load_jit
-from ..kernel_support import num_sms
+from ..kernel_support import current_stream_handle, num_sms
 
 __all__ = [
     "TUNING",
@@ -163,7 +163,7 @@ def merge(
     ``MergeParams``). The caller validated shapes; a launch error raises RuntimeError.
     """
     T = out.shape[0]
-    stream = torch.cuda.current_stream(out.device).cuda_stream
+    stream = current_stream_handle(out.device)
     rc = load().peerdcp_topk_merge(
         out.data_ptr(),
         own,
@@ -239,7 +239,7 @@ def select(
     ``seq_lens [T]`` int32/int64 global lengths. :func:`select_ctas` CTAs per row (a thread-block cluster when more
     than one). The caller validated shapes; a launch error raises RuntimeError."""
     T, L = logits.shape
-    stream = torch.cuda.current_stream(out.device).cuda_stream
+    stream = current_stream_handle(out.device)
     dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
     rc = load().peerdcp_topk_select(
         out.data_ptr(),

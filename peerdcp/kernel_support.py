@@ -18,7 +18,9 @@ memory (real processes, real protocol). Every GPU-only instruction lives here be
 * :data:`LOAD_BYPASS_L1` - cache modifier for inbox loads after an acquire (``.cg``: L2, never L1,
   so no stale line from an earlier use of the same slot is read).
 
-Peer addresses are int64 tables (``PeerBuffer.peer_ptrs``) cast with :func:`peer_pointer`.
+Peer addresses are int64 tables (``PeerBuffer.peer_ptrs``) cast with :func:`peer_pointer`. Host side:
+:class:`ErrorWord` (the timeout report each call checks) and :func:`current_stream_handle` (the stream of a ctypes
+launch).
 """
 
 from __future__ import annotations

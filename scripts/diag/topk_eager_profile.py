@@ -14,9 +14,6 @@ none of this host code (``bench.topk``).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 from pathlib import Path
 
@@ -25,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scripts.diag.query_eager_profile import _per_call_us as _host_us  # noqa: E402 - host us per call, back to back
+from scripts.diag.query_eager_profile import profile_calls  # noqa: E402
 
 
 def _gpu_us(fn, calls: int) -> float:
@@ -88,15 +86,7 @@ def rank_main(T: int, ctx: int, calls: int) -> dict:
         dist.barrier()
         out["publish_merge_parts"] = _host_us(lambda: (tk._publish(keys, res), tk._merge_inbox(keys, res)), calls)
         dist.barrier()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(calls):
-            select()
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(20)
-        out["profile"] = s.getvalue()
+        out["profile"] = profile_calls(select, calls, 20)
         out["merge_impl"] = tk.merge_impl
         dist.barrier()
     finally:

@@ -127,6 +127,11 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-fmad=false", "-lineinfo"),
     ),
     "peerdcp_selftest": (("selftest.cu",), DEFAULT_FLAGS),
+    # warpgroup MMA and bulk copies: the architecture-specific sm_90a target (Hopper only)
+    "peerdcp_score": (
+        ("topk_score.cu",),
+        ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--use_fast_math", "-lineinfo"),
+    ),
 }
 
 

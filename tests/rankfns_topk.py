@@ -405,19 +405,34 @@ def cache_roundtrip(I: int, layout: str, D: int = 32, P: int = 16, device: str =
 
 @one_thread
 def scoring(
-    H: int, D: int, P: int, I: int, seed: int, device: str = "cpu", upcast: bool = False, npage: int = 0
+    H: int,
+    D: int,
+    P: int,
+    I: int,
+    seed: int,
+    device: str = "cpu",
+    upcast: bool = False,
+    npage: int = 0,
+    tuning: dict | None = None,
 ) -> dict:
     """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1), ``npage``
-    the GPU kernel's pages per program (``TUNING["scan_npage"]``; 0 = the policy's)."""
+    the GPU kernel's pages per program (``TUNING["scan_npage"]``; 0 = the policy's), ``tuning`` more
+    ``cache.TUNING`` entries. ``cuda_calls``: launches of the CUDA scan (``ops.score``) the case made."""
     from unittest import mock
 
     from peerdcp.topk import cache as cache_mod
+    from peerdcp.topk import ops
 
     old = os.environ.get("PEERDCP_INDEXER_UPCAST")
     os.environ["PEERDCP_INDEXER_UPCAST"] = "1" if upcast else "0"
     try:
-        with mock.patch.dict(cache_mod.TUNING, {"scan_npage": npage}):
-            return _scoring(H, D, P, I, seed, device)
+        with (
+            mock.patch.dict(cache_mod.TUNING, {"scan_npage": npage, **(tuning or {})}),
+            mock.patch.object(ops, "score", wraps=ops.score) as spy,
+        ):
+            res = _scoring(H, D, P, I, seed, device)
+            res["cuda_calls"] = spy.call_count
+            return res
     finally:
         if old is None:
             del os.environ["PEERDCP_INDEXER_UPCAST"]
@@ -430,8 +445,11 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
     table over two sequences; sharded scores must equal the replicated kernel's bit for bit.
 
     Error bound: ``rtol * sum_h |w| sum_d |q k| * scale``. rtol is 1e-5 for the interpreter (fp32 numpy
-    dot) and 2^-11 on GPU, where Hopper's FP8 tensor cores accumulate with about 14 mantissa bits
-    (DeepSeek-V3 report, section 3.3.2); a wrong token, page, head or scale is off by O(1)."""
+    dot) and 2^-10 on GPU, where Hopper's FP8 tensor cores keep about 14 mantissa bits while they accumulate
+    (DeepSeek-V3 report, section 3.3.2) and round at each of the accumulation steps of a 128-term dot (four k = 32
+    MMAs, each summing its products in parts). Measured worst (session 23, both GPU kernels on the same data):
+    6.7e-4 = 2^-10.5 with 1 to 4 heads, where nothing averages the heads' errors; 8.6e-5 with 64 heads. A wrong
+    token, page, head or scale is off by O(1)."""
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(device)
     g = _gen(seed)
@@ -472,7 +490,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
             exp = ref.index_scores(q[t : t + 1], w[t : t + 1], k_of[s][gid], s_of[s][gid])[0]
             mag = ref.index_scores_abs(q[t : t + 1], w[t : t + 1], k_of[s][gid], s_of[s][gid])[0]
             err = (out[t, :nloc].double() - exp.double()).abs()
-            tol = (2.0**-11 if dev.type == "cuda" else 1e-5) * mag + 1e-30
+            tol = (2.0**-10 if dev.type == "cuda" else 1e-5) * mag + 1e-30
             if nloc:
                 worst = max(worst, float((err / (mag + 1e-30)).max()))
             ok_vals &= bool((err <= tol).all())
@@ -599,11 +617,13 @@ def graph_exactness(
         return {"ok": ok, "digests": digests, "backend": tk.backend, "memory": tk.memory, "merge_impl": tk.merge_impl}
 
 
-def scoring_pdl(seed: int, calls: int = 6) -> dict:
+def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
     """The scoring kernel launched with programmatic dependent launch (``TUNING["scan_pdl"]`` 1 and 2) against
     the same kernel without it, bit for bit: eager, and in one CUDA graph where the calls run back to back (each
     PDL call may start while the previous one drains) with a cache write between two of them (the later calls
-    must see the token it adds). Outputs are poisoned (NaN) before each replay."""
+    must see the token it adds). Outputs are poisoned (NaN) before each replay. ``backend`` is
+    ``TUNING["scan_backend"]``: with "cuda" (no PDL option) the same checks hold the CUDA scan's graph replays
+    to its eager calls."""
     from unittest import mock
 
     from peerdcp.topk import cache as cache_mod
@@ -637,7 +657,7 @@ def scoring_pdl(seed: int, calls: int = 6) -> dict:
 
     snapshot = c.storage.view(-1).clone()
     res = {}
-    with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": 0}):
+    with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": 0, "scan_backend": backend}):
         want = [o.clone() for o in chain()]
     torch.cuda.synchronize()
     # the new token (rank owning slot S) scores nonzero in the calls after the write, zero before
@@ -645,7 +665,7 @@ def scoring_pdl(seed: int, calls: int = 6) -> dict:
     row = ref.local_row(torch.tensor(S), W, 1).item()
     res["new_token_seen"] = (not own) or bool((want[mid][:, row] != 0).any() and (want[mid - 1][:, row] == 0).all())
     for mode in (1, 2):
-        with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": mode}):
+        with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": mode, "scan_backend": backend}):
             reset()
             got = chain()
             torch.cuda.synchronize()
@@ -699,7 +719,7 @@ def scoring_register_cap(seed: int) -> dict:
             table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
             outs = []
             for cap in (64, 0):
-                with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": cap}):
+                with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": cap, "scan_backend": "triton"}):
                     o = peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=L)
                     outs.append(o.view(torch.int32).clone())
                     o.fill_(float("nan"))  # the allocator may hand this block to the next call: poison it
@@ -735,13 +755,13 @@ def scoring_refused_cap(seed: int) -> dict:
     def score() -> torch.Tensor:
         return peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=S).view(torch.int32).clone()
 
-    with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 0}):
+    with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 0, "scan_backend": "triton"}):
         want = score()
     key = (dev.index, 64)
     with (
         mock.patch.object(cache_mod, "_UPCAST", {}),
         mock.patch.object(cache_mod, "_UNCAPPED", set()),
-        mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 32}),
+        mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 32, "scan_backend": "triton"}),
     ):
         with warnings.catch_warnings(record=True) as first:
             warnings.simplefilter("always")

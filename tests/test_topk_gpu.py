@@ -87,13 +87,43 @@ def test_gpu_rows_beyond_max_rows(pools):
 
 @pytest.mark.parametrize("heads,interleave,upcast", [(64, 1, False), (32, 64, False), (64, 64, True)])
 def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
-    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", upcast=upcast)
+    tune = {"scan_backend": "triton"}  # (the CUDA scan: test_gpu_cuda_scan_against_reference)
+    res = pools(GPU_WORLD, GPU_BACKEND).run(
+        fns.scoring, heads, 128, 64, interleave, 8, device="cuda", upcast=upcast, tuning=tune
+    )
     for r in res:
         for lay in ("owner_sharded", "replicated"):
             assert r[lay]["values"] and r[lay]["mask"], r
         assert r["bitwise_vs_replicated"], r
         assert r["no_table"], r
         assert r["narrow_table"], r
+
+
+@pytest.mark.parametrize(
+    "heads,interleave,npage,stages,min_ctas",
+    [
+        (64, 1, 0, 0, 1),
+        (32, 64, 0, 0, 6),
+        (48, 1, 1, 2, 1),
+        (64, 64, 3, 3, 1),
+        (20, 1, 7, 0, 1),
+        (64, 1, 64, 2, 6),
+        (8, 1, 2, 0, 6),
+        (64, 1, 5, 2, 6),
+    ],
+)
+def test_gpu_cuda_scan_against_reference(pools, heads, interleave, npage, stages, min_ctas):
+    """The CUDA scan (csrc/topk_score.cu) against the fp64 reference: both layouts, MTP rows, rows of 0 to 300
+    tokens, a narrow and no block table, the head tiles of 32 and 64 (8, 20, 32, 48, 64 heads), 1 to 64 pages per
+    CTA, every compiled instance; owner-sharded scores equal to the replicated ones bit for bit."""
+    tune = {"scan_backend": "cuda", "cuda_scan_npage": npage}
+    tune.update(cuda_scan_stages=stages, cuda_scan_min_ctas=min_ctas)
+    res = pools(GPU_WORLD, GPU_BACKEND).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", tuning=tune)
+    for r in res:
+        for lay in ("owner_sharded", "replicated"):
+            assert r[lay]["values"] and r[lay]["mask"], r
+        assert r["bitwise_vs_replicated"] and r["no_table"] and r["narrow_table"], r
+        assert r["cuda_calls"] == 4, r  # every scoring call of the case took the CUDA scan
 
 
 @pytest.mark.parametrize("memory", MEMORIES)

@@ -22,11 +22,20 @@ def test_gpu_scoring_pdl_matches_plain_launch(pools):
         assert r == {"new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True}, r
 
 
+def test_gpu_cuda_scan_graph_replays(pools):
+    """The CUDA scan (csrc/topk_score.cu) in a CUDA graph: a chain of calls with a cache write in the middle,
+    replayed with poisoned outputs, equals its eager calls bit for bit and sees the new token."""
+    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_pdl, 11, backend="cuda")
+    for r in res:
+        assert r == {"new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True}, r
+
+
 @pytest.mark.parametrize("npage", [5, 6, 7, 9, 10, 12])
 def test_gpu_scoring_pages_per_program(pools, npage):
     """The mid-size rule's pages-per-program counts (not powers of two; programs that run past a row's end) give
     the fp64 reference's scores and -inf masks (rows of 0 to 300 tokens, MTP rows, a narrow block table)."""
-    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring, 64, 128, 64, 1, 8, device="cuda", npage=npage)
+    tune = {"scan_backend": "triton"}
+    res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring, 64, 128, 64, 1, 8, device="cuda", npage=npage, tuning=tune)
     for r in res:
         for lay in ("owner_sharded", "replicated"):
             assert r[lay]["values"] and r[lay]["mask"], r

@@ -19,6 +19,7 @@ may have different ``seq_lens``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -29,6 +30,7 @@ import triton
 from .._checks import is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
 from ..kernel_support import num_sms, on_gpu
+from . import ops
 from . import reference as ref
 from .kernels import _logits_kernel, _write_kernel
 
@@ -285,7 +287,27 @@ _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUN
 # 23.46 -> 40.62 / 22.49 at 32 x 32K, 80.61 / 42.10 -> 77.15 / 41.86 at 64 x 32K, 159.3 / 82.3 -> 155.9 / 79.5 at
 # 128 x 32K, 41.22 / 22.52 -> 40.29 / 22.22 at 8 x 128K, 318.8 / 161.7 -> 314.8 / 154.6 at 64 x 128K; 128 x 128K
 # 615.3 / 317.6 -> 625.3 / 318.2 (the one loss, 1.6 % replicated); 1 and 8 rows x 32K and 1 x 128K within 0.15 us.
+# "scan_backend": "triton" (_logits_kernel), "cuda" (csrc/topk_score.cu, warpgroup MMA with the keys as the register
+# operand; Hopper, 64-token pages of 128-byte keys, up to 64 heads, 16-byte aligned query rows, else the Triton kernel)
+# or "auto": the CUDA scan from "cuda_scan_min_rows" query rows on. The choice depends on the rows only, never on the
+# cache's layout or length, so an owner-sharded and a replicated scan of the same rows take the same kernel and agree
+# bit for bit. Session 23 (one-GPU emulation of W = 2, us replicated / owner-sharded, Triton -> CUDA with the keys
+# loaded straight into registers, 6 CTAs per SM; bench/RESULTS.md "session 23"): DeepSeek-V3.2 1 x 32K 3.20 / 2.78
+# -> 3.64 / 3.11 (the CUDA kernel's start costs ~0.4 us more at one page per CTA; not found why), 8 x 32K 13.24 / 8.17
+# -> 12.29 / 8.07, 32 x 32K 40.86 / 22.59 -> 38.35 / 21.09, 128 x 32K 154.9 / 81.7 -> 147.7 / 76.6, 1 x 128K 8.30 /
+# 4.42 -> 7.99 / 4.79, 8 x 128K 40.50 / 22.40 -> 37.82 / 21.19, 128 x 128K 632.0 / 317.5 -> 607.7 / 309.7; GLM-5 (32
+# heads) 1 x 32K 3.10 / 2.73 -> 3.11 / 2.86, 8 x 32K 13.07 / 8.01 -> 11.49 / 7.26, 128 x 128K 605.8 / 312.9 -> 543.0 /
+# 275.5. "cuda_scan_stages" / "cuda_scan_min_ctas": its instance (ops.SCORE_INSTANCES: 0 = keys into registers, else
+# page slots per CTA filled by bulk copies; the register budget as CTAs per SM); the bulk-copy instances measured no
+# faster (2 slots) or slower (3-6 slots, 8 CTAs per SM with spills: 2x slower). "cuda_scan_npage": pages per CTA (0:
+# _cuda_scan_npage with a CTA's start worth "cuda_scan_cta_pages" pages; fixed 2-10 measured slower at 8-64 rows).
 TUNING = {
+    "scan_backend": "auto",
+    "cuda_scan_min_rows": 4,
+    "cuda_scan_stages": 0,
+    "cuda_scan_min_ctas": 6,
+    "cuda_scan_npage": 0,
+    "cuda_scan_cta_pages": 2.0,
     "scan_group": 1,
     "scan_npage": 0,
     "scan_stages": 2,
@@ -329,6 +351,48 @@ def _scan_npage(T: int, pages: int, sms: int, group: int) -> int:
             return min(wave, key=lambda n: (-(-programs(n) // slots) * n, -n))
         return multi[0]
     return cands[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _cuda_scan_npage(T: int, pages: int, slots: int, cta_pages: float) -> int:
+    """Pages per CTA of the CUDA scan for ``T`` rows of ``pages`` pages with ``slots`` resident CTAs on the device:
+    the n of least ``waves(n) * (n + cta_pages)`` (whole waves of ``slots`` CTAs, each streaming n pages after a
+    start - table entries, query tile, the first page's latency - worth ``cta_pages`` pages), the largest n among
+    equals."""
+    return min(
+        range(1, ops.SCORE_MAX_PAGES + 1),
+        key=lambda n: (-(-(T * -(-pages // n)) // slots) * (n + cta_pages), -n),
+    )
+
+
+_NO_CUDA_SCAN: set[int] = set()  # devices where the CUDA scan failed to build or load
+
+
+def _cuda_scan(q_fp8: torch.Tensor, store: torch.Tensor, cache: IndexKCache, dev: torch.device) -> int:
+    """Resident CTAs per SM of the CUDA scan for this call, or 0 when it does not apply (see TUNING)."""
+    rows, H, D = q_fp8.shape
+    backend = TUNING["scan_backend"]
+    wanted = backend == "cuda" or (backend == "auto" and rows >= int(TUNING["cuda_scan_min_rows"]))
+    if (
+        not wanted
+        or dev.index in _NO_CUDA_SCAN
+        or cache.page_size != 64
+        or D != 128
+        or cache.page_bytes != 64 * 128 + 64 * 4
+        or H > 64
+        or q_fp8.data_ptr() % 16
+        or q_fp8.stride(0) % 16
+        or store.data_ptr() % 16
+        or torch.cuda.get_device_capability(dev) != (9, 0)
+    ):
+        return 0
+    try:
+        return ops.score_resident(dev.index, int(TUNING["cuda_scan_stages"]), int(TUNING["cuda_scan_min_ctas"]), H)
+    except Exception as e:  # noqa: BLE001 - no nvcc, a build or driver refusal: the Triton kernel scores instead
+        _NO_CUDA_SCAN.add(dev.index)
+        msg = f"indexer_logits: the CUDA scan is unavailable ({e!s:.200}); using the Triton kernel"
+        warnings.warn(msg, stacklevel=3)
+        return 0
 
 
 def indexer_logits(
@@ -407,6 +471,28 @@ def indexer_logits(
         return out
     P = cache.page_size
     pages = triton.cdiv(Lmax, P)
+    resident = _cuda_scan(q_fp8, store, cache, dev) if dev.type == "cuda" else 0
+    if resident:
+        slots = resident * num_sms(dev.index)
+        start = float(TUNING["cuda_scan_cta_pages"])
+        npage = int(TUNING["cuda_scan_npage"]) or _cuda_scan_npage(T, pages, slots, start)
+        ops.score(
+            out,
+            q_fp8,
+            weights,
+            seq_lens,
+            block_table,
+            store,
+            num_pages=cache.num_pages,
+            rank=cache.rank,
+            world_size=W,
+            interleave=I,
+            sharded=cache.sharded,
+            npage=npage,
+            stages=int(TUNING["cuda_scan_stages"]),
+            min_ctas=int(TUNING["cuda_scan_min_ctas"]),
+        )
+        return out
     if dev.type == "cuda":
         group = int(TUNING["scan_group"])
         npage = int(TUNING["scan_npage"]) or _scan_npage(T, pages, num_sms(dev.index), group)

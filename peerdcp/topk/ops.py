@@ -1,5 +1,6 @@
-"""The CUDA C++ Top-K kernels behind ctypes calls on the current stream: the merge (``csrc/topk_merge.cu``) and
-the local candidate selection (``csrc/topk_select.cu``).
+"""The CUDA C++ Top-K kernels behind ctypes calls on the current stream: the merge (``csrc/topk_merge.cu``), the
+local candidate selection (``csrc/topk_select.cu``) and the indexer scan (``csrc/topk_score.cu``, its own sm_90a
+library ``peerdcp_score``).
 
 The merge is local to a rank (it reads this rank's inbox and candidates, waits on this rank's flags), so a
 rank may use it or the Triton ``_merge_kernel`` independently of its peers: both place every key at the
@@ -25,6 +26,8 @@ __all__ = [
     "max_keys",
     "max_select_clusters",
     "merge",
+    "score",
+    "score_resident",
     "select",
     "select_ctas",
     "select_max_n",
@@ -261,3 +264,108 @@ def select(
     )
     if rc != 0:
         raise RuntimeError(f"peerdcp topk select launch failed: CUDA error {rc}")
+
+
+# ------------------------------------------------------------------------------------------- indexer scan
+#: the scan library's instances: (page slots per CTA, 0 = keys loaded straight into registers; CTAs per SM its
+#: register budget allows, 1 = no budget)
+SCORE_INSTANCES = ((0, 1), (0, 6), (2, 1), (2, 6), (3, 1))
+#: most pages per CTA of the CUDA scan (``kMaxPages`` in csrc/topk_score.cu)
+SCORE_MAX_PAGES = 64
+
+
+@functools.cache
+def load_score() -> ctypes.CDLL:
+    """Build (once per source hash) and load ``libpeerdcp_score.so`` (sm_90a); raises JitError without nvcc."""
+    lib = load_jit("peerdcp_score")
+    lib.peerdcp_topk_score.restype = ctypes.c_int
+    lib.peerdcp_topk_score.argtypes = [
+        _vp, _i64, _vp, _i64,  # q, q_stride, w, w_stride
+        _vp, _i32, _vp, _i64, _i64,  # seq_lens, lens64, table, table_stride, table_cols
+        _vp, _i64, _vp, _i64, _i64,  # kv, num_pages, out, out_stride, Lmax
+        _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i32,  # T, H, rank, W, I, sharded, npage, stages, min_ctas
+        _vp,  # stream
+    ]  # fmt: skip
+    lib.peerdcp_topk_score_prepare.restype = ctypes.c_int
+    lib.peerdcp_topk_score_prepare.argtypes = []
+    lib.peerdcp_topk_score_occupancy.restype = ctypes.c_int
+    lib.peerdcp_topk_score_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+@functools.cache
+def _score_prepared(device: int) -> None:
+    """Opts the scan's instances in to their shared memory on ``device`` (once per device, at the first call of
+    :func:`score_resident`, which :func:`score`'s caller makes before any launch, so never first in a capture)."""
+    with torch.cuda.device(device):
+        rc = load_score().peerdcp_topk_score_prepare()
+    if rc != 0:
+        raise RuntimeError(f"peerdcp topk score: opting in to shared memory failed: CUDA error {rc}")
+
+
+@functools.cache
+def score_resident(device: int, stages: int, min_ctas: int, heads: int) -> int:
+    """Resident CTAs per SM of the CUDA scan instance (``stages``, ``min_ctas``) of :data:`SCORE_INSTANCES` for
+    ``heads`` query heads on ``device``."""
+    if (stages, min_ctas) not in SCORE_INSTANCES:
+        raise ValueError(f"peerdcp topk score: no instance ({stages}, {min_ctas}); have {SCORE_INSTANCES}")
+    _score_prepared(device)
+    with torch.cuda.device(device):
+        n = int(load_score().peerdcp_topk_score_occupancy(stages, min_ctas, int(heads <= 32)))
+    if n < 1:
+        raise RuntimeError(f"peerdcp topk score: no occupancy for {stages} stages, {min_ctas} CTAs, {heads} heads")
+    return n
+
+
+def score(
+    out: torch.Tensor,
+    q_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    table: torch.Tensor | None,
+    store: torch.Tensor,
+    *,
+    num_pages: int,
+    rank: int,
+    world_size: int,
+    interleave: int,
+    sharded: bool,
+    npage: int,
+    stages: int,
+    min_ctas: int,
+) -> None:
+    """The indexer scan into ``out [T, Lmax]`` fp32 (rows contiguous): ``q_fp8 [T, H <= 64, 128]`` e4m3 (rows
+    ``[H, 128]`` contiguous, 16-byte aligned), ``weights [T, H]`` fp32, ``seq_lens [T]`` int32/int64 global lengths,
+    ``table [T, cols]`` int32 local pages or None, ``store`` the cache's pages (``num_pages`` x 8448 bytes, 16-byte
+    aligned). ``npage`` pages per CTA (1 to :data:`SCORE_MAX_PAGES`), (``stages``, ``min_ctas``) of
+    :data:`SCORE_INSTANCES`. The caller
+    validated shapes and called :func:`score_resident` for this device once; a launch error raises RuntimeError."""
+    T, H = q_fp8.shape[0], q_fp8.shape[1]
+    rc = load_score().peerdcp_topk_score(
+        q_fp8.data_ptr(),
+        q_fp8.stride(0),
+        weights.data_ptr(),
+        weights.stride(0),
+        seq_lens.data_ptr(),
+        int(seq_lens.dtype == torch.int64),
+        table.data_ptr() if table is not None else None,
+        table.stride(0) if table is not None else 0,
+        table.shape[1] if table is not None else 0,
+        store.data_ptr(),
+        num_pages,
+        out.data_ptr(),
+        out.stride(0),
+        out.shape[1],
+        T,
+        H,
+        rank,
+        world_size,
+        interleave,
+        int(sharded),
+        npage,
+        stages,
+        min_ctas,
+        current_stream_handle(out.device),
+    )
+    if rc != 0:
+        raise RuntimeError(f"peerdcp topk score launch failed: CUDA error {rc}")

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# session 23 device call script (not committed)
+set -u
+cd "$(dirname "$0")"
+OUT=${OUT:-$PWD/out}
+MODE=${1:-1}
+V='--variant cuda:scan_backend="cuda"'
+if [ "$MODE" = 2 ]; then
+  PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=200 TEST_TIMEOUT=120 PYTEST_EXTRA="-s" PYTEST_K="cuda_scan or scoring_kernel or precision" \
+    bash scripts/gpu_check.sh "tests-cscan:tests/test_topk_gpu.py tests/test_s23_scratch.py"
+  grep PREC $OUT/tests-cscan.log
+  STAGE_TIMEOUT=330 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 1 8 32 64 128 --rounds 1 --iters 20 $V --variant c21:scan_backend=\"cuda\";cuda_scan_min_ctas=1 --variant c26:scan_backend=\"cuda\";cuda_scan_min_ctas=6 --variant c36:scan_backend=\"cuda\";cuda_scan_stages=3;cuda_scan_min_ctas=6 --variant c41:scan_backend=\"cuda\";cuda_scan_stages=4;cuda_scan_min_ctas=1 --variant cs0:scan_backend=\"cuda\";cuda_scan_cta_pages=0.5 --variant cs6:scan_backend=\"cuda\";cuda_scan_cta_pages=6" | tail -5
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+fi
+if [ "$MODE" = 3 ]; then
+  C='scan_backend="cuda"'
+  VS="$V"
+  for n in 2 4 6 8 10; do VS="$VS --variant n$n:$C;cuda_scan_npage=$n"; done
+  VS="$VS --variant c26:$C;cuda_scan_min_ctas=6 --variant c26n4:$C;cuda_scan_min_ctas=6;cuda_scan_npage=4 --variant c26n8:$C;cuda_scan_min_ctas=6;cuda_scan_npage=8"
+  STAGE_TIMEOUT=250 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 8 32 64 --rounds 2 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+  STAGE_TIMEOUT=200 bash scripts/gpu_check.sh "py-glm:scripts/diag/score_sweep.py $OUT/glm --emulate --world 2 --heads 32 --configs --rows 1 8 32 128 --rounds 1 --iters 20 $V" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-glm.log
+fi
+if [ "$MODE" = 4 ]; then
+  C='scan_backend="cuda"'
+  PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=200 TEST_TIMEOUT=120 PYTEST_K="cuda_scan or scoring_kernel" \
+    bash scripts/gpu_check.sh "tests-cscan:tests/test_topk_gpu.py" | grep -E "^==|passed|failed"
+  VS="--variant d01:$C;cuda_scan_stages=0;cuda_scan_min_ctas=1 --variant d06:$C;cuda_scan_stages=0;cuda_scan_min_ctas=6 --variant c21:$C;cuda_scan_stages=2;cuda_scan_min_ctas=1"
+  STAGE_TIMEOUT=250 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 1 8 32 64 128 --rounds 1 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+  STAGE_TIMEOUT=200 bash scripts/gpu_check.sh "py-glm:scripts/diag/score_sweep.py $OUT/glm --emulate --world 2 --heads 32 --configs --rows 1 8 32 128 --rounds 1 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-glm.log
+fi
+if [ "$MODE" = 6 ]; then
+  PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=330 TEST_TIMEOUT=150 \
+    bash scripts/gpu_check.sh "tests-topk:tests/test_topk_gpu.py tests/test_topk_merge_gpu.py tests/test_topk_local_gpu.py" "run:--world 2" | grep -E "^==|passed|failed|PASS|FAIL"
+  VS='--variant triton:scan_backend="triton"'
+  STAGE_TIMEOUT=200 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 1 2 4 8 32 64 128 --rounds 2 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+  STAGE_TIMEOUT=150 bash scripts/gpu_check.sh "py-glm:scripts/diag/score_sweep.py $OUT/glm --emulate --world 2 --heads 32 --configs --rows 1 2 4 8 32 128 --rounds 2 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-glm.log
+fi

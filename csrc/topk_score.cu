@@ -7,17 +7,18 @@
 // A page is 64 tokens x 128 FP8 bytes, then 64 fp32 scales (8448 bytes). One CTA (one warpgroup, 128 threads)
 // scores `npage` consecutive pages of one query row:
 //   * the page table entries of its pages are read once, up front (one dependent load before the first page);
-//   * thread 0 streams whole pages into a ring of kStages shared-memory slots with one bulk copy each
-//     (cp.async.bulk + an mbarrier counting the bytes), kStages pages ahead of the math: the bytes in flight per
-//     SM are kStages x 8448 x resident CTAs, not one page per program as in the Triton kernel;
 //   * the dot is one warpgroup MMA per 32 bytes of the head dim (wgmma m64nNk32, e4m3 x e4m3 -> fp32): the
 //     page's 64 tokens are M (each warp holds 16 tokens' key bytes in registers, the "A from registers" form),
-//     the heads are N (the query tile sits in shared memory for the whole CTA).
+//     the heads are N (the query tile sits in shared memory for the whole CTA);
+//   * the keys reach the registers one of two ways (the instance's kStages): 0 (the library's default) - each
+//     thread loads its own key bytes from global memory, one page ahead of the MMA; or through a ring of kStages
+//     shared-memory slots that thread 0 fills with one bulk copy per page (cp.async.bulk + an mbarrier counting
+//     the bytes), kStages pages ahead. The bulk-copy instances measured no faster (session 23).
 //
 // The head dim is permuted the same way on both operands (a dot product does not care about the order of its
 // terms): thread (g = lane / 4, c = lane % 4) of a warp needs, per k-step, 8 bytes of each of its two token rows,
 // and with the permutation those are bytes [32c + 8s, 32c + 8s + 8) for step s, so each row's 32 bytes come in
-// two 16-byte shared loads. The query tile is written once in the matching permuted, core-matrix layout.
+// two 16-byte loads. The query tile is written once in the matching permuted, core-matrix layout.
 //
 // Every token's score goes through the same instructions whatever its page or row position (the MMA computes
 // each output element alike; the head sum runs over the same heads in the same order in every quad), so an
@@ -141,13 +142,31 @@ struct Mma<64> {
   }
 };
 
+#ifdef PEERDCP_SCORE_TRACE
+// Diagnosis build only (scripts/diag/scan_timeline.py sets PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE): thread 0 of
+// each of the first kTraceCtas CTAs stamps %globaltimer at its start, when its first page's key bytes are in
+// registers and at its end; peerdcp_topk_score_trace copies the stamps out.
+constexpr int kTraceCtas = 16384;
+__device__ unsigned long long g_score_trace[kTraceCtas][3];
+__device__ __forceinline__ void trace(int what) {
+  const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0 && b < kTraceCtas) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_score_trace[b][what] = t;
+  }
+}
+#define PEERDCP_SCORE_STAMP(what) trace(what)
+#else
+#define PEERDCP_SCORE_STAMP(what)
+#endif
+
 // Tokens g < L of a sequence that `rank` owns (reference.local_length).
 __device__ __forceinline__ int64_t local_length(int64_t L, int rank, int W, int I) {
   int64_t rem = L % (static_cast<int64_t>(I) * W) - static_cast<int64_t>(rank) * I;
   rem = rem < 0 ? 0 : (rem > I ? I : rem);
   return (L / (static_cast<int64_t>(I) * W)) * I + rem;
 }
-
 template <int N>
 __host__ __device__ constexpr int q_tile_bytes() {
   return 4 * N * 32;  // 4 k-steps x N heads x 32 bytes
@@ -220,6 +239,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
   int64_t* pages = reinterpret_cast<int64_t*>(bars + kStages);
   float* wsm = reinterpret_cast<float*>(pages + kMaxPages);
 
+  PEERDCP_SCORE_STAMP(0);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int64_t t = blockIdx.x;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * p.npage;
@@ -229,7 +249,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
   // Every global load of the start is issued before any of them is used: the sequence length, this CTA's page
   // table entries (masked by the table's width, not by the row's length, so they do not wait for it), the query
   // words and the head weights. Then one dependent step - a page's liveness needs the length - before the first
-  // bulk copy; the query tile's shared-memory writes overlap that copy.
+  // page's load; the query tile's shared-memory writes overlap that load. (Loading the first page's keys before the
+  // length arrives, and a 32-bit local_length, measured no faster: session 23, call 8.)
   const int64_t L = p.lens64 ? static_cast<const int64_t*>(p.seq_lens)[t] : static_cast<const int32_t*>(p.seq_lens)[t];
   int64_t entry = -1;
   if (tid < n_here) {
@@ -340,8 +361,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
         load_page(slots + slot * kPageBytes, p.kv + pages[i + kStages] * kPageBytes, &bars[slot]);
       }
     }
+#ifdef PEERDCP_SCORE_TRACE
+    if (i == 0) {  // the stamp waits for the first page's key bytes (the asm reads them)
+      asm volatile("" ::"r"(cur.lo0.x), "r"(cur.hi1.w));
+      PEERDCP_SCORE_STAMP(1);
+    }
+#endif
     score_page<N>(cur, qbase, wsm, orow, j, r0, r1, c, nloc, p.Lmax);
   }
+  PEERDCP_SCORE_STAMP(2);
 }
 
 using Kernel = void (*)(const ScoreParams);
@@ -413,8 +441,17 @@ extern "C" int peerdcp_topk_score(const void* q, int64_t q_stride, const float* 
   a.out_stride = out_stride, a.Lmax = Lmax, a.H = H, a.rank = rank, a.W = W, a.I = I, a.sharded = sharded;
   a.npage = npage;
   const int64_t chunks = ((Lmax + kPage - 1) / kPage + npage - 1) / npage;
+  if (chunks > 65535) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(chunks));
   const bool narrow = H <= 32;
   (narrow ? in->narrow : in->wide)<<<grid, kThreads, narrow ? in->smem_narrow : in->smem_wide, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
+
+#ifdef PEERDCP_SCORE_TRACE
+// Copies the stamps of the first `ctas` CTAs of the last launch ([ctas][3] nanoseconds) to `host`.
+extern "C" int peerdcp_topk_score_trace(unsigned long long* host, int ctas) {
+  if (ctas < 0 || ctas > kTraceCtas) return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(cudaMemcpyFromSymbol(host, g_score_trace, sizeof(unsigned long long) * 3 * ctas));
+}
+#endif

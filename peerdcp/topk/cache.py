@@ -476,6 +476,7 @@ def indexer_logits(
         slots = resident * num_sms(dev.index)
         start = float(TUNING["cuda_scan_cta_pages"])
         npage = int(TUNING["cuda_scan_npage"]) or _cuda_scan_npage(T, pages, slots, start)
+        npage = min(ops.SCORE_MAX_PAGES, max(npage, -(-pages // 65535)))  # (the grid's y is at most 65535 blocks)
         ops.score(
             out,
             q_fp8,

@@ -41,3 +41,36 @@ if [ "$MODE" = 6 ]; then
   STAGE_TIMEOUT=150 bash scripts/gpu_check.sh "py-glm:scripts/diag/score_sweep.py $OUT/glm --emulate --world 2 --heads 32 --configs --rows 1 2 4 8 32 128 --rounds 2 --iters 20 $VS" >/dev/null
   grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-glm.log
 fi
+if [ "$MODE" = 7 ]; then
+  STAGE_TIMEOUT=150 PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE bash scripts/gpu_check.sh "py-timeline:scripts/diag/scan_timeline.py --rows 1 4 8 32 128 --contexts 32768 131072 --csv $OUT/timeline" >/dev/null
+  tail -22 $OUT/py-timeline.log
+  source scripts/gpu_env.sh
+  for b in triton cuda; do
+    timeout 150 /usr/local/cuda/bin/ncu --target-processes all --kernel-name regex:"score_kernel|_logits_kernel" --launch-skip 10 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+      python3 scripts/diag/scan_timeline.py --profile $b --rows 1 --contexts 32768 > $OUT/ncu_$b.txt 2>&1
+    grep -E "Duration|Elapsed Cycles|Registers Per|Shared Memory Config|Achieved Occupancy|Warp Cycles Per Issued|Stall|Block Size|Grid Size|Dynamic Shared|Static Shared|One or More|No Eligible|Issued Warp" $OUT/ncu_$b.txt | head -30
+  done
+fi
+if [ "$MODE" = 8 ]; then
+  PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=200 TEST_TIMEOUT=120 PYTEST_K="cuda_scan" \
+    bash scripts/gpu_check.sh "tests-cscan:tests/test_topk_gpu.py tests/test_topk_local_gpu.py" | grep -E "^==|passed|failed"
+  VS='--variant triton:scan_backend="triton" --variant cuda:scan_backend="cuda"'
+  STAGE_TIMEOUT=200 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 1 2 4 8 32 --rounds 2 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+  STAGE_TIMEOUT=150 bash scripts/gpu_check.sh "py-glm:scripts/diag/score_sweep.py $OUT/glm --emulate --world 2 --heads 32 --configs --rows 1 2 4 8 32 --rounds 1 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-glm.log
+  STAGE_TIMEOUT=100 PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE bash scripts/gpu_check.sh "py-timeline:scripts/diag/scan_timeline.py --rows 4 8 32 --contexts 32768 131072" >/dev/null
+  tail -7 $OUT/py-timeline.log
+fi
+if [ "$MODE" = 9 ]; then
+  PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=200 TEST_TIMEOUT=120 PYTEST_K="cuda_scan" \
+    bash scripts/gpu_check.sh "tests-cscan:tests/test_topk_gpu.py tests/test_topk_local_gpu.py" | grep -E "^==|passed|failed"
+  C='scan_backend="cuda"'
+  VS="--variant cuda:$C"
+  for t in 0.1 0.2 0.3; do for n in 1 2 4; do VS="$VS --variant t${t}n$n:$C;cuda_scan_tail=$t;cuda_scan_tail_npage=$n"; done; done
+  STAGE_TIMEOUT=250 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 4 8 32 128 --rounds 1 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+  STAGE_TIMEOUT=100 PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE bash scripts/gpu_check.sh "py-timeline:scripts/diag/scan_timeline.py --rows 8 32 --contexts 32768 131072 --tail 0.2 --tail-npage 2" >/dev/null
+  tail -9 $OUT/py-timeline.log
+fi

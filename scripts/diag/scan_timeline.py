@@ -116,6 +116,7 @@ def main() -> int:
     ap.add_argument("--csv", default="")
     ap.add_argument("--profile", default="", choices=["", "triton", "cuda"])
     ap.add_argument("--npage", type=int, default=None, help="TUNING['cuda_scan_npage'] (default: the library's)")
+    ap.add_argument("--instance", type=int, nargs=2, default=None, help="TUNING['cuda_scan_stages'], ['..._min_ctas']")
     a = ap.parse_args()
     if not a.profile and "-DPEERDCP_SCORE_TRACE" not in os.environ.get("PEERDCP_NVCC_EXTRA", ""):
         raise SystemExit("set PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE")
@@ -124,6 +125,8 @@ def main() -> int:
     cfg = {"rows": a.rows, "contexts": a.contexts, "heads": a.heads, "world": a.world, "calls": a.calls, "csv": a.csv}
     cfg["profile"] = a.profile
     cfg["tune"] = {} if a.npage is None else {"cuda_scan_npage": a.npage}
+    if a.instance:
+        cfg["tune"].update(cuda_scan_stages=a.instance[0], cuda_scan_min_ctas=a.instance[1])
     lines = run_ranks("scripts.diag.scan_timeline:rank_main", 1, cfg)[0]
     print("\n".join(lines))
     return 0

@@ -74,3 +74,13 @@ if [ "$MODE" = 9 ]; then
   STAGE_TIMEOUT=100 PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE bash scripts/gpu_check.sh "py-timeline:scripts/diag/scan_timeline.py --rows 8 32 --contexts 32768 131072 --tail 0.2 --tail-npage 2" >/dev/null
   tail -9 $OUT/py-timeline.log
 fi
+if [ "$MODE" = 11 ]; then
+  PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=200 TEST_TIMEOUT=120 PYTEST_K="cuda_scan" \
+    bash scripts/gpu_check.sh "tests-cscan:tests/test_topk_gpu.py tests/test_topk_local_gpu.py" | grep -E "^==|passed|failed"
+  C='scan_backend="cuda"'
+  VS="--variant d06:$C --variant a15:$C;cuda_scan_stages=-1;cuda_scan_min_ctas=5 --variant a11:$C;cuda_scan_stages=-1;cuda_scan_min_ctas=1"
+  STAGE_TIMEOUT=250 bash scripts/gpu_check.sh "py-sweep:scripts/diag/score_sweep.py $OUT/sweep --emulate --world 2 --configs --rows 1 4 8 32 128 --rounds 2 --iters 20 $VS" >/dev/null
+  grep -E "^ *[0-9]+ +[0-9]+ " $OUT/py-sweep.log
+  STAGE_TIMEOUT=100 PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE bash scripts/gpu_check.sh "py-timeline:scripts/diag/scan_timeline.py --rows 8 32 --contexts 32768 131072 --instance -1 5" >/dev/null
+  tail -9 $OUT/py-timeline.log
+fi

@@ -10,10 +10,10 @@
 //   * the dot is one warpgroup MMA per 32 bytes of the head dim (wgmma m64nNk32, e4m3 x e4m3 -> fp32): the
 //     page's 64 tokens are M (each warp holds 16 tokens' key bytes in registers, the "A from registers" form),
 //     the heads are N (the query tile sits in shared memory for the whole CTA);
-//   * the keys reach the registers one of two ways (the instance's kStages): 0 (the library's default) - each
-//     thread loads its own key bytes from global memory, one page ahead of the MMA; or through a ring of kStages
-//     shared-memory slots that thread 0 fills with one bulk copy per page (cp.async.bulk + an mbarrier counting
-//     the bytes), kStages pages ahead. The bulk-copy instances measured no faster (session 23).
+//   * each thread loads its own key bytes of a page from global memory into registers, one page ahead of the MMA
+//     (keys never pass through shared memory). A ring of shared-memory page slots filled by bulk copies
+//     (cp.async.bulk + mbarriers) measured no faster and is kept as a patch:
+//     bench/results/2026-12-01/s23/bulk_copy_slots.patch (session 23).
 //
 // The head dim is permuted the same way on both operands (a dot product does not care about the order of its
 // terms): thread (g = lane / 4, c = lane % 4) of a warp needs, per k-step, 8 bytes of each of its two token rows,
@@ -57,41 +57,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
-// Thread 0 arms slot `bar` for kPageBytes and starts the bulk copy of one page into `dst`.
-__device__ __forceinline__ void load_page(void* dst, const void* src, uint64_t* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(kPageBytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(kPageBytes), "r"(smem_addr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// Generic-proxy shared-memory accesses before this are ordered before later async-proxy ones (the bulk copies'
-// writes, the MMA's reads of the query tile).
+// Generic-proxy shared-memory accesses before this are ordered before later async-proxy ones (the MMA's reads of
+// the query tile).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 
 // Shared-memory matrix descriptor of a K-major operand without swizzle: core matrices of 8 rows x 16 bytes,
 // `lbo` bytes to the next core matrix along K, `sbo` bytes to the next 8 rows.
@@ -167,14 +135,15 @@ __device__ __forceinline__ int64_t local_length(int64_t L, int rank, int W, int 
   rem = rem < 0 ? 0 : (rem > I ? I : rem);
   return (L / (static_cast<int64_t>(I) * W)) * I + rem;
 }
+
 template <int N>
 __host__ __device__ constexpr int q_tile_bytes() {
   return 4 * N * 32;  // 4 k-steps x N heads x 32 bytes
 }
 
-template <int kStages, int N>
+template <int N>
 __host__ __device__ constexpr int smem_bytes() {
-  return kStages * kPageBytes + q_tile_bytes<N>() + kStages * 8 + kMaxPages * 8 + N * 4;
+  return q_tile_bytes<N>() + kMaxPages * 8 + N * 4;
 }
 
 // One page's operands of a thread: 32 key bytes of rows r0 and r1 (lo: bytes 0-15 of the thread's 32, hi: 16-31)
@@ -228,15 +197,12 @@ __device__ __forceinline__ void score_page(const Frag& f, uint32_t qbase, const 
   }
 }
 
-// Grid (T, ceil(pages / npage)); shared memory: kStages page slots | query tile | mbarriers | page numbers |
-// head weights.
-template <int kStages, int N, int kMinCtas>
+// Grid (T, ceil(pages / npage)); shared memory: query tile | page numbers | head weights.
+template <int N, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScoreParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* slots = smem;
-  uint8_t* qtile = smem + kStages * kPageBytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(qtile + q_tile_bytes<N>());
-  int64_t* pages = reinterpret_cast<int64_t*>(bars + kStages);
+  uint8_t* qtile = smem;
+  int64_t* pages = reinterpret_cast<int64_t*>(qtile + q_tile_bytes<N>());
   float* wsm = reinterpret_cast<float*>(pages + kMaxPages);
 
   PEERDCP_SCORE_STAMP(0);
@@ -285,23 +251,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
     return live ? (e < 0 ? 0 : (e >= p.num_pages ? p.num_pages - 1 : e)) : -1;
   };
   const int64_t page0 = n_here > 0 ? page_of(j0, entry0) : -1;
-  Frag next{};  // direct mode: the next page's operands, one page ahead
-  if constexpr (kStages == 0) {
-    if (page0 >= 0) next = load_frag_global(p.kv + page0 * kPageBytes, warp * 16 + g, warp * 16 + g + 8, c);
-  }
-  if (tid < n_here) pages[tid] = page_of(j0 + tid, entry);
-  if (tid == 0 && kStages > 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(&bars[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (page0 >= 0) load_page(slots, p.kv + page0 * kPageBytes, &bars[0]);
-  }
-  __syncthreads();
-  if (tid == 0) {
-    for (int i = 1; i < kStages && i < n_here; ++i) {
-      if (pages[i] < 0) break;
-      load_page(slots + i * kPageBytes, p.kv + pages[i] * kPageBytes, &bars[i]);
-    }
-  }
+  const int r0 = warp * 16 + g, r1 = r0 + 8;  // the rows this thread holds: A fragment rows g, g + 8 of its warp's 16
+  Frag next{};                                 // the next page's operands, one page ahead
+  if (page0 >= 0) next = load_frag_global(p.kv + page0 * kPageBytes, r0, r1, c);
+  if (tid < n_here) pages[tid] = page_of(j0 + tid, entry);  // (read after the barrier below)
   // The query tile, B of the MMA: k-step s holds N heads x 32 permuted bytes in core matrices (8 heads x 16
   // bytes, 128 B each; +128 B to the next 16 bytes of K, +256 B to the next 8 heads). Physical byte d of a head
   // is logical byte 16 * ((d >> 2) & 1) + 4 * (d >> 5) + (d & 3) of step (d >> 3) & 3 (see the top comment).
@@ -322,11 +275,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
   __syncthreads();
 
   const uint32_t qbase = smem_addr(qtile);
-  // Rows this thread holds: A fragment rows g and g + 8 of its warp's 16.
-  const int r0 = warp * 16 + g, r1 = r0 + 8;
-  // Shared-memory mode: odd g reads the upper 16 bytes of its 32 first, so the 8 lanes of a quarter-warp load hit
-  // distinct banks.
-  const int first = (g & 1) ? 16 : 0;
   for (int i = 0; i < n_here; ++i) {
     const int64_t j = j0 + i;
     float* orow = p.out + t * p.out_stride + j * kPage;
@@ -334,33 +282,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
       if (tid < kPage && j * kPage + tid < p.Lmax) orow[tid] = -__int_as_float(0x7f800000);
       continue;
     }
-    Frag cur;
-    if constexpr (kStages == 0) {
-      // Direct mode: each thread loads its 2 x 32 key bytes and 2 scales of a page straight from global memory into
-      // registers (the A operand needs nothing else), one page ahead of the MMA; no shared memory for keys, no
-      // barrier per page.
-      cur = next;
-      if (i + 1 < n_here && pages[i + 1] >= 0) next = load_frag_global(p.kv + pages[i + 1] * kPageBytes, r0, r1, c);
-    } else {
-      const int slot = i % kStages;
-      mbar_wait(&bars[slot], static_cast<uint32_t>((i / kStages) & 1));
-      const uint32_t base = smem_addr(slots + slot * kPageBytes);
-      const uint4 x0 = lds128(base + r0 * kDim + c * 32 + first);
-      const uint4 y0 = lds128(base + r0 * kDim + c * 32 + (16 - first));
-      const uint4 x1 = lds128(base + r1 * kDim + c * 32 + first);
-      const uint4 y1 = lds128(base + r1 * kDim + c * 32 + (16 - first));
-      cur.sc0 = reinterpret_cast<const float*>(slots + slot * kPageBytes + kPage * kDim)[r0];
-      cur.sc1 = reinterpret_cast<const float*>(slots + slot * kPageBytes + kPage * kDim)[r1];
-      cur.lo0 = first ? y0 : x0, cur.hi0 = first ? x0 : y0;
-      cur.lo1 = first ? y1 : x1, cur.hi1 = first ? x1 : y1;
-      // Every thread holds its operands: the slot may be refilled (the refill is ordered after these reads by the
-      // barrier and, across proxies, by the fence).
-      __syncthreads();
-      if (tid == 0 && i + kStages < n_here && pages[i + kStages] >= 0) {
-        fence_proxy_async();
-        load_page(slots + slot * kPageBytes, p.kv + pages[i + kStages] * kPageBytes, &bars[slot]);
-      }
-    }
+    // Each thread's 2 x 32 key bytes and 2 scales of the next page go straight from global memory into registers
+    // (the A operand needs nothing else), one page ahead of the MMA; no shared memory for keys, no barrier per page.
+    const Frag cur = next;
+    if (i + 1 < n_here && pages[i + 1] >= 0) next = load_frag_global(p.kv + pages[i + 1] * kPageBytes, r0, r1, c);
 #ifdef PEERDCP_SCORE_TRACE
     if (i == 0) {  // the stamp waits for the first page's key bytes (the asm reads them)
       asm volatile("" ::"r"(cur.lo0.x), "r"(cur.hi1.w));
@@ -374,62 +299,45 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
 
 using Kernel = void (*)(const ScoreParams);
 
-// The compiled instances: pipeline depth x a register budget (CTAs per SM the compiler must allow; 1 = none) x
-// head tile (32 or 64 heads).
+// The compiled instances: a register budget (CTAs per SM the compiler must allow; 1 = none) x head tile (32 or 64).
 struct Instance {
-  int stages, min_ctas;
+  int min_ctas;
   Kernel narrow, wide;
-  int smem_narrow, smem_wide;
 };
 
-#define PEERDCP_SCORE_INSTANCE(S, M) \
-  {S, M, score_kernel<S, 32, M>, score_kernel<S, 64, M>, smem_bytes<S, 32>(), smem_bytes<S, 64>()}
-const Instance kInstances[] = {PEERDCP_SCORE_INSTANCE(0, 1), PEERDCP_SCORE_INSTANCE(0, 6), PEERDCP_SCORE_INSTANCE(2, 1),
-                               PEERDCP_SCORE_INSTANCE(2, 6), PEERDCP_SCORE_INSTANCE(3, 1)};
-#undef PEERDCP_SCORE_INSTANCE
+const Instance kInstances[] = {{1, score_kernel<32, 1>, score_kernel<64, 1>},
+                               {6, score_kernel<32, 6>, score_kernel<64, 6>}};
 
-const Instance* find(int stages, int min_ctas) {
+const Instance* find(int min_ctas) {
   for (const Instance& in : kInstances)
-    if (in.stages == stages && in.min_ctas == min_ctas) return &in;
+    if (in.min_ctas == min_ctas) return &in;
   return nullptr;
 }
 
 }  // namespace
 
-// Opts every instance in to its dynamic shared memory on the current device (call once per device, outside a
-// CUDA-graph capture). Returns a cudaError_t.
-extern "C" int peerdcp_topk_score_prepare() {
-  for (const Instance& in : kInstances) {
-    cudaError_t e = cudaFuncSetAttribute(in.narrow, cudaFuncAttributeMaxDynamicSharedMemorySize, in.smem_narrow);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(in.wide, cudaFuncAttributeMaxDynamicSharedMemorySize, in.smem_wide);
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  return 0;
-}
-
-// Resident CTAs per SM of the instance (`stages`, `min_ctas`) for `narrow` (H <= 32) or wide heads on the current
-// device; -1 when the instance does not exist or the query fails. Call after peerdcp_topk_score_prepare.
-extern "C" int peerdcp_topk_score_occupancy(int stages, int min_ctas, int narrow) {
-  const Instance* in = find(stages, min_ctas);
+// Resident CTAs per SM of the instance `min_ctas` for `narrow` (H <= 32) or wide heads on the current device; -1
+// when the instance does not exist or the query fails.
+extern "C" int peerdcp_topk_score_occupancy(int min_ctas, int narrow) {
+  const Instance* in = find(min_ctas);
   if (in == nullptr) return -1;
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, narrow ? in->narrow : in->wide, kThreads,
-                                                    narrow ? in->smem_narrow : in->smem_wide) != cudaSuccess) {
+                                                    narrow ? smem_bytes<32>() : smem_bytes<64>()) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
   return n;
 }
 
-// The scan of T rows on `stream` with the instance (`stages`, `min_ctas`): heads 1..64 (a 32-head tile up to 32
-// heads), 1 to kMaxPages pages per CTA. q, the pages and the query rows must be 16-byte aligned (the host checks).
+// The scan of T rows on `stream` with the instance `min_ctas`: heads 1..64 (a 32-head tile up to 32 heads), 1 to
+// kMaxPages pages per CTA. q, the pages and the query rows must be 16-byte aligned (the host checks).
 extern "C" int peerdcp_topk_score(const void* q, int64_t q_stride, const float* w, int64_t w_stride,
                                   const void* seq_lens, int lens64, const int32_t* table, int64_t table_stride,
                                   int64_t table_cols, const void* kv, int64_t num_pages, float* out, int64_t out_stride,
-                                  int64_t Lmax, int T, int H, int rank, int W, int I, int sharded, int npage, int stages,
+                                  int64_t Lmax, int T, int H, int rank, int W, int I, int sharded, int npage,
                                   int min_ctas, cudaStream_t stream) {
-  const Instance* in = find(stages, min_ctas);
+  const Instance* in = find(min_ctas);
   if (in == nullptr || T < 0 || H < 1 || H > 64 || Lmax < 0 || npage < 1 || npage > kMaxPages || W < 1 || I < 1 ||
       rank < 0 || rank >= W || num_pages < 1)
     return static_cast<int>(cudaErrorInvalidValue);
@@ -444,7 +352,7 @@ extern "C" int peerdcp_topk_score(const void* q, int64_t q_stride, const float* 
   if (chunks > 65535) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(chunks));
   const bool narrow = H <= 32;
-  (narrow ? in->narrow : in->wide)<<<grid, kThreads, narrow ? in->smem_narrow : in->smem_wide, stream>>>(a);
+  (narrow ? in->narrow : in->wide)<<<grid, kThreads, narrow ? smem_bytes<32>() : smem_bytes<64>(), stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .attention import partial_attention
 from .geometry import Geometry
 
-__all__ = ["setup", "generate", "forward", "check", "timings", "capacity", "teardown"]
+__all__ = ["setup", "generate", "forward", "check", "timings", "gpu_burst_us", "capacity", "teardown"]
 
 _S: dict[str, Any] = {}
 FAULTS = ("none", "corrupt-partial", "corrupt-query", "corrupt-topk")
@@ -289,6 +289,17 @@ def timings(reps: int) -> dict:
 _BURST = 10  # back-to-back eager calls per GPU timing sample (see _time)
 
 
+def gpu_burst_us(fn, calls: int) -> float:
+    """Microseconds per call of ``calls`` back-to-back calls of ``fn`` on the current stream (CUDA events)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / calls
+
+
 def _time(fn, reps: int) -> float:
     """Median microseconds per call (eager; slowest rank).
 
@@ -305,13 +316,7 @@ def _time(fn, reps: int) -> float:
     for _ in range(reps):
         dist.barrier()
         if gpu:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(_BURST):
-                fn()
-            b.record()
-            b.synchronize()
-            samples.append(a.elapsed_time(b) * 1e3 / _BURST)
+            samples.append(gpu_burst_us(fn, _BURST))
         else:
             t0 = time.perf_counter()
             fn()

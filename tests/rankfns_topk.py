@@ -627,6 +627,7 @@ def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
     from unittest import mock
 
     from peerdcp.topk import cache as cache_mod
+    from peerdcp.topk import ops
 
     dev = _device("cuda")
     W, r = dist.get_world_size(), dist.get_rank()
@@ -657,8 +658,12 @@ def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
 
     snapshot = c.storage.view(-1).clone()
     res = {}
-    with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": 0, "scan_backend": backend}):
+    with (
+        mock.patch.dict(cache_mod.TUNING, {"scan_pdl": 0, "scan_backend": backend}),
+        mock.patch.object(ops, "score", wraps=ops.score) as spy,
+    ):
         want = [o.clone() for o in chain()]
+    res["cuda_launches"] = spy.call_count  # the kernel the chain really ran: CUDA scan launches of the eager chain
     torch.cuda.synchronize()
     # the new token (rank owning slot S) scores nonzero in the calls after the write, zero before
     own = ref.owner(torch.tensor(S), W, 1).item() == r

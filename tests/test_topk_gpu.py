@@ -100,24 +100,23 @@ def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
 
 
 @pytest.mark.parametrize(
-    "heads,interleave,npage,stages,min_ctas",
+    "heads,interleave,npage,min_ctas",
     [
-        (64, 1, 0, 0, 1),
-        (32, 64, 0, 0, 6),
-        (48, 1, 1, 2, 1),
-        (64, 64, 3, 3, 1),
-        (20, 1, 7, 0, 1),
-        (64, 1, 64, 2, 6),
-        (8, 1, 2, 0, 6),
-        (64, 1, 5, 2, 6),
+        (64, 1, 0, 1),
+        (32, 64, 0, 6),
+        (48, 1, 1, 1),
+        (64, 64, 3, 1),
+        (20, 1, 7, 1),
+        (64, 1, 64, 6),
+        (8, 1, 2, 6),
+        (64, 1, 5, 6),
     ],
 )
-def test_gpu_cuda_scan_against_reference(pools, heads, interleave, npage, stages, min_ctas):
+def test_gpu_cuda_scan_against_reference(pools, heads, interleave, npage, min_ctas):
     """The CUDA scan (csrc/topk_score.cu) against the fp64 reference: both layouts, MTP rows, rows of 0 to 300
     tokens, a narrow and no block table, the head tiles of 32 and 64 (8, 20, 32, 48, 64 heads), 1 to 64 pages per
-    CTA, every compiled instance; owner-sharded scores equal to the replicated ones bit for bit."""
-    tune = {"scan_backend": "cuda", "cuda_scan_npage": npage}
-    tune.update(cuda_scan_stages=stages, cuda_scan_min_ctas=min_ctas)
+    CTA, both compiled register budgets; owner-sharded scores equal to the replicated ones bit for bit."""
+    tune = {"scan_backend": "cuda", "cuda_scan_npage": npage, "cuda_scan_min_ctas": min_ctas}
     res = pools(GPU_WORLD, GPU_BACKEND).run(fns.scoring, heads, 128, 64, interleave, 8, device="cuda", tuning=tune)
     for r in res:
         for lay in ("owner_sharded", "replicated"):

@@ -19,15 +19,19 @@ pytestmark = pytest.mark.cuda
 def test_gpu_scoring_pdl_matches_plain_launch(pools):
     res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_pdl, 11)
     for r in res:
-        assert r == {"new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True}, r
+        assert r == {
+            "cuda_launches": 0, "new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True
+        }, r  # fmt: skip
 
 
 def test_gpu_cuda_scan_graph_replays(pools):
     """The CUDA scan (csrc/topk_score.cu) in a CUDA graph: a chain of calls with a cache write in the middle,
     replayed with poisoned outputs, equals its eager calls bit for bit and sees the new token."""
     res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_pdl, 11, backend="cuda")
-    for r in res:
-        assert r == {"new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True}, r
+    for r in res:  # 6 calls in the chain, every one the CUDA scan
+        assert r == {
+            "cuda_launches": 6, "new_token_seen": True, "eager1": True, "graph1": True, "eager2": True, "graph2": True
+        }, r  # fmt: skip
 
 
 @pytest.mark.parametrize("npage", [5, 6, 7, 9, 10, 12])

@@ -293,18 +293,17 @@ _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUN
 # cache's layout or length, so an owner-sharded and a replicated scan of the same rows take the same kernel and agree
 # bit for bit. Session 23 (one-GPU emulation of W = 2, us replicated / owner-sharded, Triton -> CUDA with the keys
 # loaded straight into registers, 6 CTAs per SM; bench/RESULTS.md "session 23"): DeepSeek-V3.2 1 x 32K 3.20 / 2.78
-# -> 3.64 / 3.11 (the CUDA kernel's start costs ~0.4 us more at one page per CTA; not found why), 8 x 32K 13.24 / 8.17
+# -> 3.64 / 3.11 (at one page per CTA the CUDA kernel executes ~45 % more instructions, ncu), 8 x 32K 13.24 / 8.17
 # -> 12.29 / 8.07, 32 x 32K 40.86 / 22.59 -> 38.35 / 21.09, 128 x 32K 154.9 / 81.7 -> 147.7 / 76.6, 1 x 128K 8.30 /
 # 4.42 -> 7.99 / 4.79, 8 x 128K 40.50 / 22.40 -> 37.82 / 21.19, 128 x 128K 632.0 / 317.5 -> 607.7 / 309.7; GLM-5 (32
 # heads) 1 x 32K 3.10 / 2.73 -> 3.11 / 2.86, 8 x 32K 13.07 / 8.01 -> 11.49 / 7.26, 128 x 128K 605.8 / 312.9 -> 543.0 /
-# 275.5. "cuda_scan_stages" / "cuda_scan_min_ctas": its instance (ops.SCORE_INSTANCES: 0 = keys into registers, else
-# page slots per CTA filled by bulk copies; the register budget as CTAs per SM); the bulk-copy instances measured no
-# faster (2 slots) or slower (3-6 slots, 8 CTAs per SM with spills: 2x slower). "cuda_scan_npage": pages per CTA (0:
+# 275.5. "cuda_scan_min_ctas": its register budget as CTAs per SM (ops.SCORE_MIN_CTAS; 8 spills and runs 2x
+# slower); page slots filled by bulk copies measured no faster (2) or slower (3-6): bench/results/2026-12-01/s23/
+# bulk_copy_slots.patch. "cuda_scan_npage": pages per CTA (0:
 # _cuda_scan_npage with a CTA's start worth "cuda_scan_cta_pages" pages; fixed 2-10 measured slower at 8-64 rows).
 TUNING = {
     "scan_backend": "auto",
     "cuda_scan_min_rows": 4,
-    "cuda_scan_stages": 0,
     "cuda_scan_min_ctas": 6,
     "cuda_scan_npage": 0,
     "cuda_scan_cta_pages": 2.0,
@@ -383,11 +382,10 @@ def _cuda_scan(q_fp8: torch.Tensor, store: torch.Tensor, cache: IndexKCache, dev
         or q_fp8.data_ptr() % 16
         or q_fp8.stride(0) % 16
         or store.data_ptr() % 16
-        or torch.cuda.get_device_capability(dev) != (9, 0)
     ):
         return 0
-    try:
-        return ops.score_resident(dev.index, int(TUNING["cuda_scan_stages"]), int(TUNING["cuda_scan_min_ctas"]), H)
+    try:  # (0 on a GPU other than Hopper)
+        return ops.score_resident(dev.index, int(TUNING["cuda_scan_min_ctas"]), H)
     except Exception as e:  # noqa: BLE001 - no nvcc, a build or driver refusal: the Triton kernel scores instead
         _NO_CUDA_SCAN.add(dev.index)
         msg = f"indexer_logits: the CUDA scan is unavailable ({e!s:.200}); using the Triton kernel"
@@ -490,7 +488,6 @@ def indexer_logits(
             interleave=I,
             sharded=cache.sharded,
             npage=npage,
-            stages=int(TUNING["cuda_scan_stages"]),
             min_ctas=int(TUNING["cuda_scan_min_ctas"]),
         )
         return out

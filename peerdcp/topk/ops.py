@@ -267,9 +267,8 @@ def select(
 
 
 # ------------------------------------------------------------------------------------------- indexer scan
-#: the scan library's instances: (page slots per CTA, 0 = keys loaded straight into registers; CTAs per SM its
-#: register budget allows, 1 = no budget)
-SCORE_INSTANCES = ((0, 1), (0, 6), (2, 1), (2, 6), (3, 1))
+#: the scan library's instances: the register budget as CTAs per SM the compiler must allow (1 = no budget)
+SCORE_MIN_CTAS = (1, 6)
 #: most pages per CTA of the CUDA scan (``kMaxPages`` in csrc/topk_score.cu)
 SCORE_MAX_PAGES = 64
 
@@ -283,37 +282,26 @@ def load_score() -> ctypes.CDLL:
         _vp, _i64, _vp, _i64,  # q, q_stride, w, w_stride
         _vp, _i32, _vp, _i64, _i64,  # seq_lens, lens64, table, table_stride, table_cols
         _vp, _i64, _vp, _i64, _i64,  # kv, num_pages, out, out_stride, Lmax
-        _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i32,  # T, H, rank, W, I, sharded, npage, stages, min_ctas
+        _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i32,  # T, H, rank, W, I, sharded, npage, min_ctas
         _vp,  # stream
     ]  # fmt: skip
-    lib.peerdcp_topk_score_prepare.restype = ctypes.c_int
-    lib.peerdcp_topk_score_prepare.argtypes = []
     lib.peerdcp_topk_score_occupancy.restype = ctypes.c_int
-    lib.peerdcp_topk_score_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.peerdcp_topk_score_occupancy.argtypes = [ctypes.c_int, ctypes.c_int]
     return lib
 
 
 @functools.cache
-def _score_prepared(device: int) -> None:
-    """Opts the scan's instances in to their shared memory on ``device`` (once per device, at the first call of
-    :func:`score_resident`, which :func:`score`'s caller makes before any launch, so never first in a capture)."""
+def score_resident(device: int, min_ctas: int, heads: int) -> int:
+    """Resident CTAs per SM of the CUDA scan instance ``min_ctas`` (of :data:`SCORE_MIN_CTAS`) for ``heads`` query
+    heads on ``device``; 0 where the device is not a Hopper GPU (the library is sm_90a code; nothing is built)."""
+    if min_ctas not in SCORE_MIN_CTAS:
+        raise ValueError(f"peerdcp topk score: no instance for {min_ctas} CTAs per SM; have {SCORE_MIN_CTAS}")
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return 0
     with torch.cuda.device(device):
-        rc = load_score().peerdcp_topk_score_prepare()
-    if rc != 0:
-        raise RuntimeError(f"peerdcp topk score: opting in to shared memory failed: CUDA error {rc}")
-
-
-@functools.cache
-def score_resident(device: int, stages: int, min_ctas: int, heads: int) -> int:
-    """Resident CTAs per SM of the CUDA scan instance (``stages``, ``min_ctas``) of :data:`SCORE_INSTANCES` for
-    ``heads`` query heads on ``device``."""
-    if (stages, min_ctas) not in SCORE_INSTANCES:
-        raise ValueError(f"peerdcp topk score: no instance ({stages}, {min_ctas}); have {SCORE_INSTANCES}")
-    _score_prepared(device)
-    with torch.cuda.device(device):
-        n = int(load_score().peerdcp_topk_score_occupancy(stages, min_ctas, int(heads <= 32)))
+        n = int(load_score().peerdcp_topk_score_occupancy(min_ctas, int(heads <= 32)))
     if n < 1:
-        raise RuntimeError(f"peerdcp topk score: no occupancy for {stages} stages, {min_ctas} CTAs, {heads} heads")
+        raise RuntimeError(f"peerdcp topk score: no occupancy for {min_ctas} CTAs per SM, {heads} heads")
     return n
 
 
@@ -331,15 +319,13 @@ def score(
     interleave: int,
     sharded: bool,
     npage: int,
-    stages: int,
     min_ctas: int,
 ) -> None:
     """The indexer scan into ``out [T, Lmax]`` fp32 (rows contiguous): ``q_fp8 [T, H <= 64, 128]`` e4m3 (rows
     ``[H, 128]`` contiguous, 16-byte aligned), ``weights [T, H]`` fp32, ``seq_lens [T]`` int32/int64 global lengths,
     ``table [T, cols]`` int32 local pages or None, ``store`` the cache's pages (``num_pages`` x 8448 bytes, 16-byte
-    aligned). ``npage`` pages per CTA (1 to :data:`SCORE_MAX_PAGES`), (``stages``, ``min_ctas``) of
-    :data:`SCORE_INSTANCES`. The caller
-    validated shapes and called :func:`score_resident` for this device once; a launch error raises RuntimeError."""
+    aligned). ``npage`` pages per CTA (1 to :data:`SCORE_MAX_PAGES`), ``min_ctas`` of :data:`SCORE_MIN_CTAS`. The
+    caller validated shapes; a launch error raises RuntimeError."""
     T, H = q_fp8.shape[0], q_fp8.shape[1]
     rc = load_score().peerdcp_topk_score(
         q_fp8.data_ptr(),
@@ -363,7 +349,6 @@ def score(
         interleave,
         int(sharded),
         npage,
-        stages,
         min_ctas,
         current_stream_handle(out.device),
     )

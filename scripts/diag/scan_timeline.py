@@ -70,8 +70,7 @@ def rank_main(cfg: dict) -> list[str]:
                 L = ref.local_length(ctx, 0, W, c.interleave) if c.sharded else ctx
                 pages = -(-L // c.page_size)
                 tune = cache_mod.TUNING
-                inst = (tune["cuda_scan_stages"], tune["cuda_scan_min_ctas"])
-                slots = ops.score_resident(dev.index, *inst, cfg["heads"]) * num_sms(dev.index)
+                slots = ops.score_resident(dev.index, tune["cuda_scan_min_ctas"], cfg["heads"]) * num_sms(dev.index)
                 npage = tune["cuda_scan_npage"] or cache_mod._cuda_scan_npage(
                     T, pages, slots, tune["cuda_scan_cta_pages"]
                 )
@@ -116,7 +115,7 @@ def main() -> int:
     ap.add_argument("--csv", default="")
     ap.add_argument("--profile", default="", choices=["", "triton", "cuda"])
     ap.add_argument("--npage", type=int, default=None, help="TUNING['cuda_scan_npage'] (default: the library's)")
-    ap.add_argument("--instance", type=int, nargs=2, default=None, help="TUNING['cuda_scan_stages'], ['..._min_ctas']")
+    ap.add_argument("--min-ctas", type=int, default=None, help="TUNING['cuda_scan_min_ctas']")
     a = ap.parse_args()
     if not a.profile and "-DPEERDCP_SCORE_TRACE" not in os.environ.get("PEERDCP_NVCC_EXTRA", ""):
         raise SystemExit("set PEERDCP_NVCC_EXTRA=-DPEERDCP_SCORE_TRACE")
@@ -125,8 +124,8 @@ def main() -> int:
     cfg = {"rows": a.rows, "contexts": a.contexts, "heads": a.heads, "world": a.world, "calls": a.calls, "csv": a.csv}
     cfg["profile"] = a.profile
     cfg["tune"] = {} if a.npage is None else {"cuda_scan_npage": a.npage}
-    if a.instance:
-        cfg["tune"].update(cuda_scan_stages=a.instance[0], cuda_scan_min_ctas=a.instance[1])
+    if a.min_ctas is not None:
+        cfg["tune"]["cuda_scan_min_ctas"] = a.min_ctas
     lines = run_ranks("scripts.diag.scan_timeline:rank_main", 1, cfg)[0]
     print("\n".join(lines))
     return 0

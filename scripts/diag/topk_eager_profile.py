@@ -21,20 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from peerdcp.step import gpu_burst_us  # noqa: E402 - GPU us per call of a back-to-back burst
 from scripts.diag.query_eager_profile import _per_call_us as _host_us  # noqa: E402 - host us per call, back to back
 from scripts.diag.query_eager_profile import profile_calls  # noqa: E402
-
-
-def _gpu_us(fn, calls: int) -> float:
-    """Event-timed microseconds per call of ``calls`` back-to-back calls."""
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(calls):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / calls
 
 
 def rank_main(T: int, ctx: int, calls: int) -> dict:
@@ -62,7 +51,8 @@ def rank_main(T: int, ctx: int, calls: int) -> dict:
         dist.barrier()
         out["select_host"] = _host_us(select, calls)
         dist.barrier()
-        out["select_gpu"] = _gpu_us(select, calls)
+        torch.cuda.synchronize()
+        out["select_gpu"] = gpu_burst_us(select, calls)
         dist.barrier()
         out["checks"] = _host_us(
             lambda: (

@@ -291,7 +291,7 @@ def local_rank(cfg: dict) -> list[dict]:
             t_cuda = _time(cfg, fn)
             ctas, t_one = 1, t_cuda
             if dev.type == "cuda":  # the same kernel with one CTA per row (the rule's choice before clusters)
-                ctas = topk_ops.select_ctas(T, dev.index)
+                ctas = topk_ops.select_ctas(T, dev.index, Lloc)
                 with mock.patch.dict(topk_ops.TUNING, {"select_ctas": 1}):
                     exact = exact and all(torch.equal(fn(j), want[j]) for j in range(nsets))
                     t_one = _time(cfg, fn)

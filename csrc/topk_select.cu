@@ -22,12 +22,15 @@
 //      histograms through distributed shared memory, so every CTA takes the same decisions.
 //   2. One CTA per row, more than 2 * kThreads gathered keys (n <= 2 * kThreads): an exact radix select over the
 //      gathered keys keeps only those above the n-th largest key's prefix, at most 2 * kThreads of them.
-//   3. A sort of the <= 2 * kThreads kept keys, descending (sort_desc: per-warp bitonic networks in registers, then
+//   3. A sort of the <= 2 * kThreads kept keys, descending: a bucket sort (bucket_sort: buckets spread over the
+//      kept scores' range, a key's rank = its bucket's start + the keys of its bucket above it), or where a bucket
+//      would overflow (few distinct scores, far outliers) sort_desc (per-warp bitonic networks in registers, then
 //      merge-path merges of sorted runs in shared memory); the first n (or every valid one) are stored, -1 after.
-//      A cluster: each CTA sorts its own gathered keys, copies its peers' sorted lists and stores each of its keys
-//      at its rank among all of them (binary searches).
+//      A cluster: each CTA sorts its own gathered keys (the bucket sort above kThreads / 2 keys), copies its
+//      peers' sorted lists and stores each of its keys at its rank among all of them (binary searches).
 //
-// Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19.
+// Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19
+// and 24 (the bucket sort: 2048 keys in ~3.5 us, the network and merges took 9.6).
 // One CTA per row, one row (session 18): the sample sort ~10 us, one gather pass ~0.25 ns per score (one SM's
 // loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the trim of step 2); a cluster of 8 splits
 // the gathers and the sort 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8; session 19, call 7).
@@ -260,7 +263,95 @@ struct Shared {
   int counts[kMaxCluster];    // C > 1: every CTA's count of the last gather
   int offsets[kMaxCluster];   // C > 1: where each CTA's sorted list goes in buf (the counts before it)
   int64_t tau[kTries];  // the estimate's thresholds, highest first
+  unsigned long long kmin, kmax;  // bucket_sort: the smallest and largest key
+  int overflow;                   // bucket_sort: some bucket holds more than kMaxBucket keys
 };
+
+// Sorts buf[0, count) descending in place, like sort_gathered, by buckets: kBins buckets evenly spaced over the
+// keys' scores [lowest, highest] (or, when that range is not finite, over the keys themselves), a histogram with a
+// slot per key, a scan for the buckets' starts, a scatter into buf[kBuf / 2, kBuf / 2 + count) in bucket order,
+// and each key's rank = its bucket's start + the keys of its bucket above it. Both maps are monotone (fp32
+// subtraction, multiplication, flush-to-zero and truncation never reverse an order), so a key's bucket never
+// precedes a smaller key's; ties and the id order are settled inside a bucket by whole-key compares. Scores spread
+// over a range (the usual case) put one to a few keys in a bucket, so this is a few shared-memory passes instead of
+// sort_gathered's network and merge levels (2048 keys: 9.6 us, session 24). Returns false, buf unchanged, when a
+// bucket would hold more than kMaxBucket keys (few distinct scores, or keys far above the rest such as forced +inf
+// tokens): the caller then runs sort_gathered.
+// count <= kBuf / 2 unique keys >= 1; every thread of the CTA calls it (it synchronizes).
+constexpr int kMaxBucket = 32;
+// the score of a key's score part (ordered_bits inverted; NaN, which ranks lowest, as -inf)
+__device__ __forceinline__ float score_of(uint64_t key) {
+  const uint32_t o = static_cast<uint32_t>(key >> 31);
+  return o == 0 ? -__int_as_float(0x7f800000) : __uint_as_float((o & 0x80000000u) ? o ^ 0x80000000u : o ^ 0xffffffffu);
+}
+__device__ __forceinline__ bool bucket_sort(int64_t* buf, int count, Shared& sh) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  if (count <= 1) return true;
+  int* start = sh.hist;
+  uint64_t* tmp = reinterpret_cast<uint64_t*>(buf + kBuf / 2);
+  const uint64_t k0 = tid < count ? static_cast<uint64_t>(buf[tid]) : 0;
+  const uint64_t k1 = tid + kThreads < count ? static_cast<uint64_t>(buf[tid + kThreads]) : 0;
+  if (tid == 0) sh.kmin = ~0ull, sh.kmax = 0, sh.overflow = 0;
+  for (int i = tid; i < kBins; i += kThreads) start[i] = 0;
+  uint64_t mn = k1 ? (k0 < k1 ? k0 : k1) : (k0 ? k0 : ~0ull), mx = k0 > k1 ? k0 : k1;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t a = __shfl_xor_sync(0xffffffffu, mn, o), b = __shfl_xor_sync(0xffffffffu, mx, o);
+    mn = a < mn ? a : mn;
+    mx = b > mx ? b : mx;
+  }
+  __syncthreads();  // (the initial values above are stored)
+  if (lane == 0) atomicMin(&sh.kmin, mn), atomicMax(&sh.kmax, mx);
+  __syncthreads();
+  const uint64_t lo = sh.kmin;
+  const float f_lo = score_of(lo), f_range = score_of(sh.kmax) - f_lo;
+  float scale = static_cast<float>(kBins) / f_range;
+  const bool by_score = isfinite(f_lo) && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
+  if (!by_score) scale = static_cast<float>(kBins) / (static_cast<float>(sh.kmax - lo) + 1.0f);
+  // the key's bucket in descending order (0: the largest keys)
+  auto bucket = [&](uint64_t k) -> int {
+    const float x = by_score ? (score_of(k) - f_lo) * scale : static_cast<float>(k - lo) * scale;
+    const int b = static_cast<int>(x);
+    return kBins - 1 - (b < kBins - 1 ? b : kBins - 1);
+  };
+  int b0 = 0, b1 = 0, s0 = 0, s1 = 0;
+  if (k0) {
+    b0 = bucket(k0), s0 = atomicAdd(&start[b0], 1);
+    if (s0 >= kMaxBucket) sh.overflow = 1;
+  }
+  if (k1) {
+    b1 = bucket(k1), s1 = atomicAdd(&start[b1], 1);
+    if (s1 >= kMaxBucket) sh.overflow = 1;
+  }
+  __syncthreads();
+  if (sh.overflow) return false;  // (the same in every thread; buf not written)
+  int h[2] = {start[2 * tid], start[2 * tid + 1]}, st[2];
+  Scan(sh.scan).ExclusiveSum(h, st);
+  start[2 * tid] = st[0], start[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
+  __syncthreads();
+  if (k0) tmp[start[b0] + s0] = k0;
+  if (k1) tmp[start[b1] + s1] = k1;
+  __syncthreads();
+  // ranks from bucket order: neighbouring threads take neighbouring keys, mostly of one bucket (broadcast reads)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int p = r * kThreads + tid;
+    if (p < count) {
+      const uint64_t k = tmp[p];
+      const int b = bucket(k), end = b + 1 < kBins ? start[b + 1] : count;
+      int rank = start[b];
+      for (int q = start[b]; q < end; ++q) rank += tmp[q] > k ? 1 : 0;
+      buf[rank] = static_cast<int64_t>(k);
+    }
+  }
+  __syncthreads();
+  return true;
+}
+// The same, as a call: inlined into the cluster kernel it cost ~0.6 us at C = 8 even where it does not run (its
+// registers; session 24), so the cluster path calls it out of line.
+__device__ __noinline__ bool bucket_sort_outlined(int64_t* buf, int count, Shared& sh) {
+  return bucket_sort(buf, count, sh);
+}
 
 namespace cg = cooperative_groups;
 
@@ -486,7 +577,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     }
     __syncthreads();
     const int off_c = off[c];
-    if (mine <= kThreads / 2)  // a cluster of 8: ~n * 1.5 / 8 keys each
+    // (a cluster of 8, ~n * 1.5 / 8 keys each, sorts as fast with the network: session 24)
+    if (mine > kThreads / 2 && mine <= kBuf / 2 && bucket_sort_outlined(buf, mine, sh)) {
+    } else if (mine <= kThreads / 2)
       sort_gathered<1, kThreads / 2>(buf, mine);
     else if (mine <= kThreads)
       sort_gathered<1>(buf, mine);
@@ -621,7 +714,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   }
 
   // ---- 4. sort the count <= 2 * kThreads (trimmed) keys into buf, descending
-  sort_gathered<2>(buf, count);
+  if (!(CLUSTER ? bucket_sort_outlined(buf, count, sh) : bucket_sort(buf, count, sh))) sort_gathered<2>(buf, count);
   trace(4);
   const int valid = count < n ? count : n;
   for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;

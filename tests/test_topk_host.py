@@ -263,9 +263,9 @@ def test_scan_npage_policy():
 
 
 def test_select_ctas_rule():
-    """CTAs per row of the CUDA selection: the largest of 8, 4, 2 whose clusters are all resident at once (the
-    occupancy query; -1, a failed query, never qualifies), else 1; a forced ``TUNING["select_ctas"]`` is clamped to
-    1 .. 8."""
+    """CTAs per row of the CUDA selection: 1 for rows of at most 4096 scores, else the largest of 8, 4, 2 whose
+    clusters are all resident at once (the occupancy query; -1, a failed query, never qualifies), else 1; a forced
+    ``TUNING["select_ctas"]`` is clamped to 1 .. 8."""
     from unittest import mock
 
     from peerdcp.topk import ops
@@ -274,6 +274,8 @@ def test_select_ctas_rule():
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):
         got = [ops.select_ctas(rows, 0) for rows in (0, 1, 14, 15, 30, 31, 64, 65, 512)]
         assert got == [8, 8, 8, 4, 4, 2, 2, 1, 1]
+        got = [ops.select_ctas(1, 0, length) for length in (1, 4096, 4097, 131072)]
+        assert got == [1, 1, 8, 8]  # rows of <= ops.SELECT_BUF scores: one CTA
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: -1):
         assert ops.select_ctas(1, 0) == 1
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):

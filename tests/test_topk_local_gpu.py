@@ -95,6 +95,12 @@ def _scores(kind: str, T: int, L: int, g: torch.Generator) -> torch.Tensor:
         return x
     if kind == "narrow":  # distinct values packed into a few top-bit bins
         return 1.0 + torch.rand(T, L, generator=g) * 1e-3
+    if kind == "outlier":  # a few scores far above the rest: the bucket sort's score range is mostly empty
+        x = torch.randn(T, L, generator=g)
+        x[:, torch.randint(0, L, (5,), generator=g)] = 1e30
+        return x
+    if kind == "lognormal":  # a heavy upper tail: most kept scores crowd the bottom of their range
+        return torch.exp(3.0 * torch.randn(T, L, generator=g))
     if kind == "ascending":  # every top key in the row's last slice: one CTA of a cluster gathers them all
         return torch.arange(L, dtype=torch.float32).repeat(T, 1) + torch.rand(T, 1, generator=g)
     raise ValueError(kind)
@@ -112,6 +118,9 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("narrow", 2, 100000, 2048, 8, 5, 1, 0, 0, torch.int64),
     ("spiky", 2, 60000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("ascending", 2, 50000, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("outlier", 3, 30000, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("lognormal", 3, 30000, 2048, 2, 1, 1, 0, 0, torch.int64),
+    ("lognormal", 3, 4096, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
     ("normal", 3, 4096, 2048, 2, 0, 1, 0, 0, torch.int64),
     ("ties", 3, 3000, 2048, 2, 1, 64, 0, 0, torch.int32),  # L < k: every valid key, sorted

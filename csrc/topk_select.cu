@@ -12,8 +12,9 @@
 // One CTA per row, or at few rows a thread-block cluster of C <= 8 CTAs per row (each reads a slice of the row;
 // ops.select_ctas picks C from CUDA's cluster occupancy), computing keys on the fly from the scores (no key array
 // in global memory):
-//   1. Rows of more than kBuf valid keys: thresholds estimated from the sorted score parts of 512, 1024 or 2048
-//      evenly spaced rows (about n + (kBuf - n) * f / 16 of the row's keys at or above them), then one pass gathers
+//   1. Rows of more than kBuf valid keys: thresholds estimated from the score parts of 2048 evenly spaced rows
+//      (about n + (kBuf - n) * f / 16 of the row's keys at or above them; sample_thresholds finds the samples of
+//      those ranks through a histogram of the samples, not a sort), then one pass gathers
 //      every key >= the middle threshold into shared memory; too many (> kBuf) or too few (< n) keys retry with
 //      the next threshold up or down. When that fails (scores whose order correlates with the sample's spacing,
 //      heavy ties), an exact radix select finds the prefix of the n-th key level by level (a histogram of the next
@@ -30,7 +31,8 @@
 //      peers' sorted lists and stores each of its keys at its rank among all of them (binary searches).
 //
 // Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19
-// and 24 (the bucket sort: 2048 keys in ~3.5 us, the network and merges took 9.6).
+// and 24 (the bucket sort: 2048 keys in ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us
+// from the kernel's start, their sort took ~4.5 more at 2048 samples).
 // One CTA per row, one row (session 18): the sample sort ~10 us, one gather pass ~0.25 ns per score (one SM's
 // loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the trim of step 2); a cluster of 8 splits
 // the gathers and the sort 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8; session 19, call 7).
@@ -48,7 +50,6 @@ constexpr int kThreads = 1024;
 constexpr int kBuf = 4096;   // keys a gather holds (4 per thread); rows of <= kBuf valid keys take them all
 constexpr int kMaxN = 2048;  // largest n = min(topk, Lmax)
 constexpr int kMaxCluster = 8;  // most CTAs per row (the portable thread-block cluster size)
-constexpr int kSmallRow = 32768;  // 1024 samples up to this many scores (512 to half of it), 2048 beyond
 constexpr int kTries = 7;      // thresholds the estimate may try, for expected counts n + (kBuf - n) * kFrac / 16
 __constant__ int kFrac[kTries] = {1, 3, 5, 8, 11, 13, 15};
 constexpr int kBits = 11, kBins = 1 << kBits;
@@ -159,7 +160,7 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
 // warp first sorts its 32 R keys in registers (a bitonic network: warp shuffles, and register swaps for partners
 // 32 and 64 elements apart), then sorted runs are merged pairwise, log2(kThreads / 32) times, by merge path in
 // shared memory (one buffer: every output is computed in registers before a barrier, then stored). K: int64_t
-// canonical keys, or uint32_t score parts (the estimate's samples: half the shuffles and compares).
+// canonical keys (a uint32_t instance sorted the estimate's samples until session 24).
 // NT: only threads tid < NT (whole warps) take part, N = R * NT (fewer keys, fewer merge levels: the levels'
 // searches, not the networks, take most of the time); the others only meet the barriers.
 template <int R, typename K, int NT = kThreads>
@@ -226,21 +227,6 @@ __device__ __forceinline__ void sort_desc(K (&v)[R], K* buf) {
   }
 }
 
-// The score parts (ordered(s), 32 bits) of S = R * NT evenly spaced local rows of `row`, sorted descending into
-// buf by threads tid < NT (the estimate's sample). Without the id part a threshold cannot split tied scores, which
-// only the radix select's fallback then costs; the 32-bit sort has half the shuffles and compares of the keys'.
-template <int R, int NT = kThreads>
-__device__ __forceinline__ void sort_samples(const Row& row, uint32_t* buf) {
-  constexpr int S = R * NT;
-  uint32_t v[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int l = static_cast<int>(static_cast<int64_t>(r * NT + threadIdx.x) * row.nloc / S);
-    v[r] = threadIdx.x < NT ? row.ordered(__ldg(row.x + l), l) : 0;
-  }
-  sort_desc<R, uint32_t, NT>(v, buf);
-}
-
 // buf[0, count) (count <= R * NT) sorted descending in place by threads tid < NT; padding 0 sorts below every key
 // (keys >= 1).
 template <int R, int NT = kThreads>
@@ -264,6 +250,7 @@ struct Shared {
   int offsets[kMaxCluster];   // C > 1: where each CTA's sorted list goes in buf (the counts before it)
   int64_t tau[kTries];  // the estimate's thresholds, highest first
   unsigned long long kmin, kmax;  // bucket_sort: the smallest and largest key
+  unsigned smin, smax;            // sample_thresholds: the smallest and largest finite sample
   int overflow;                   // bucket_sort: some bucket holds more than kMaxBucket keys
 };
 
@@ -280,10 +267,10 @@ struct Shared {
 // count <= kBuf / 2 unique keys >= 1; every thread of the CTA calls it (it synchronizes).
 constexpr int kMaxBucket = 32;
 // the score of a key's score part (ordered_bits inverted; NaN, which ranks lowest, as -inf)
-__device__ __forceinline__ float score_of(uint64_t key) {
-  const uint32_t o = static_cast<uint32_t>(key >> 31);
+__device__ __forceinline__ float score32(uint32_t o) {
   return o == 0 ? -__int_as_float(0x7f800000) : __uint_as_float((o & 0x80000000u) ? o ^ 0x80000000u : o ^ 0xffffffffu);
 }
+__device__ __forceinline__ float score_of(uint64_t key) { return score32(static_cast<uint32_t>(key >> 31)); }
 __device__ __forceinline__ bool bucket_sort(int64_t* buf, int count, Shared& sh) {
   const int tid = threadIdx.x, lane = tid & 31;
   if (count <= 1) return true;
@@ -351,6 +338,82 @@ __device__ __forceinline__ bool bucket_sort(int64_t* buf, int count, Shared& sh)
 // registers; session 24), so the cluster path calls it out of line.
 __device__ __noinline__ bool bucket_sort_outlined(int64_t* buf, int count, Shared& sh) {
   return bucket_sort(buf, count, sh);
+}
+
+// The estimate's thresholds sh.tau[0, kTries), highest first: for an expected count want_f = n + (kBuf - n) * f / 16
+// of the row's keys at or above it (f = kFrac), the score part of the sample of rank q_f = want_f * kSamples / nloc
+// - 1 among kSamples evenly spaced local rows - approximately: the samples go into kBins buckets spread evenly over
+// their finite scores (infinities, NaN clamped to the end buckets), and the threshold is the smallest sample of the
+// bucket holding rank q_f, so at most that bucket's other samples (one or two, unless the scores tie) more than the
+// exact rank. A histogram, a scan and a binary search per threshold instead of sorting the samples (the sort of 2048
+// took ~4.5 us, session 24). Every key of that score part or above passes the threshold: without the id part it
+// cannot split tied scores, which only the radix select's fallback then costs. buf: kBins x 4 bytes of scratch.
+// Every thread of the CTA calls it (it synchronizes); every CTA of a cluster computes the same thresholds.
+constexpr int kSamples = 2 * kThreads;
+__device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared& sh, uint32_t* bmin) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  constexpr uint32_t kNegInf = 0x007fffffu, kPosInf = 0xff800000u;  // ordered(-inf), ordered(+inf)
+  uint32_t o[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int l = static_cast<int>(static_cast<int64_t>(r * kThreads + tid) * row.nloc / kSamples);
+    o[r] = row.ordered(__ldg(row.x + l), l);
+  }
+  if (tid == 0) sh.smin = ~0u, sh.smax = 0;
+  for (int i = tid; i < kBins; i += kThreads) sh.hist[i] = 0, bmin[i] = ~0u;
+  uint32_t mn = ~0u, mx = 0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    if (o[r] > kNegInf && o[r] < kPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
+#pragma unroll
+  for (int k = 16; k > 0; k >>= 1) {
+    const uint32_t a = __shfl_xor_sync(0xffffffffu, mn, k), b = __shfl_xor_sync(0xffffffffu, mx, k);
+    mn = a < mn ? a : mn;
+    mx = b > mx ? b : mx;
+  }
+  __syncthreads();
+  if (lane == 0) atomicMin(&sh.smin, mn), atomicMax(&sh.smax, mx);
+  __syncthreads();
+  // the bucket (descending: 0 holds the largest samples) of score part v; monotone in v (fp32 subtract, multiply,
+  // saturating conversion, clamp), so the buckets order the samples
+  const uint32_t lo = sh.smin <= sh.smax ? sh.smin : 0, hi = sh.smin <= sh.smax ? sh.smax : ~0u;
+  const float f_lo = score32(lo), f_range = score32(hi) - f_lo;
+  float scale = static_cast<float>(kBins) / f_range;
+  const bool by_score = sh.smin <= sh.smax && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
+  if (!by_score) scale = static_cast<float>(kBins) / (static_cast<float>(hi - lo) + 1.0f);
+  auto bucket = [&](uint32_t v) -> int {
+    const float x = by_score ? (score32(v) - f_lo) * scale
+                             : static_cast<float>(static_cast<int64_t>(v) - static_cast<int64_t>(lo)) * scale;
+    int b = static_cast<int>(x);
+    b = b < 0 ? 0 : (b > kBins - 1 ? kBins - 1 : b);
+    return kBins - 1 - b;
+  };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int b = bucket(o[r]);
+    atomicAdd(&sh.hist[b], 1);
+    atomicMin(&bmin[b], o[r]);
+  }
+  __syncthreads();
+  int h[2] = {sh.hist[2 * tid], sh.hist[2 * tid + 1]}, st[2];
+  Scan(sh.scan).ExclusiveSum(h, st);
+  sh.hist[2 * tid] = st[0], sh.hist[2 * tid + 1] = st[1];  // the samples in the buckets before each (a rank)
+  __syncthreads();
+  if (tid < kTries) {
+    const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
+    int q = static_cast<int>(want * kSamples / row.nloc) - 1;
+    q = q < 0 ? 0 : (q > kSamples - 1 ? kSamples - 1 : q);
+    int a = 0, z = kBins - 1;  // the last bucket starting at or before rank q: it holds rank q (never empty)
+    while (a < z) {
+      const int mid = (a + z + 1) >> 1;
+      if (sh.hist[mid] <= q)
+        a = mid;
+      else
+        z = mid - 1;
+    }
+    sh.tau[tid] = static_cast<int64_t>(bmin[a]) << 31;
+  }
+  __syncthreads();
 }
 
 namespace cg = cooperative_groups;
@@ -492,27 +555,8 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     if (!radix_only) {
       // thresholds for expected counts n + (kBuf - n) * f / 16, f = kFrac: the middle one first, then a higher
       // threshold after too many keys, a lower one after too few, each one more gather pass
-      // 512 samples up to kSmallRow / 2 scores, 1024 up to kSmallRow (each a sort half as long as the next; the
-      // middle threshold has >= 96 samples above it), 2048 beyond: at 64K 1024 samples missed often enough that
-      // with 8+ rows some row retried its gather in most calls (58 vs 51 us, session 18 call 16). A cluster of 4
-      // or more CTAs retries a gather in a quarter of the time, so there each count reaches twice as far.
-      const int reach = C >= 4 ? 2 * kSmallRow : kSmallRow;
-      const int S = nloc <= reach / 2 ? kThreads / 2 : (nloc <= reach ? kThreads : 2 * kThreads);
-      uint32_t* samples = reinterpret_cast<uint32_t*>(buf);
-      if (S == kThreads / 2)
-        sort_samples<1, kThreads / 2>(row, samples);
-      else if (S == kThreads)
-        sort_samples<1>(row, samples);
-      else
-        sort_samples<2>(row, samples);
+      sample_thresholds(row, n, sh, reinterpret_cast<uint32_t*>(buf));
       trace(1);
-      if (tid < kTries) {
-        const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
-        int q = static_cast<int>(want * S / nloc) - 1;
-        q = q < 0 ? 0 : (q > S - 1 ? S - 1 : q);
-        sh.tau[tid] = static_cast<int64_t>(samples[q]) << 31;  // every key of that score part or above
-      }
-      __syncthreads();
       int t = kTries / 2, dir = 0;
       while (true) {
         count = gather_total(sh.tau[t]);

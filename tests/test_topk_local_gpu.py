@@ -135,7 +135,7 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-T{c[1]}-L{c[2]}-k{c[3]}-W{c[4]}r{c[5]}I{c[6]}" for c in CASES])
 def test_gpu_local_candidates_match_reference(case):
     """``_local_keys`` (the CUDA selection with and without its threshold estimate, with one CTA per row and with
-    clusters of 3 and 8 CTAs per row, and the Triton keys + torch.topk path) equals the CPU reference on rows of
+    clusters of 2, 3 and 8 CTAs per row, and the Triton keys + torch.topk path) equals the CPU reference on rows of
     lengths 0, 1, short of k and far beyond it; scores past a row's local length are NaN / +inf garbage."""
     kind, T, L, k, W, r, I, ff, fl, ldt = case
     g = torch.Generator().manual_seed(CASES.index(case))
@@ -150,7 +150,7 @@ def test_gpu_local_candidates_match_reference(case):
         logits[t, nloc:] = torch.where(torch.rand(L - nloc, generator=g) < 0.5, float("nan"), float("inf"))
     want = _reference(logits, lens, k, r, W, I, ff, fl)
     x, ln = logits.cuda(), lens.to(ldt).cuda()
-    for ctas in (1, 3, 8):  # 3: slices of a row that is no power of two
+    for ctas in (1, 2, 3, 8):  # 3: slices of a row that is no power of two
         for radix_only in (False, True):
             with mock.patch.dict(ops.TUNING, {"select_ctas": ctas, "select_radix_only": radix_only}):
                 got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()

@@ -21,18 +21,20 @@
 //      kBits bits per level, one pass each; heavy ties up to six) and a pass gathers the keys above it. Keys are
 //      unique, so every gather takes exactly the keys above a threshold. A cluster sums its CTAs' counts and
 //      histograms through distributed shared memory, so every CTA takes the same decisions.
-//   2. One CTA per row, more than 2 * kThreads gathered keys (n <= 2 * kThreads): an exact radix select over the
-//      gathered keys keeps only those above the n-th largest key's prefix, at most 2 * kThreads of them.
-//   3. A sort of the <= 2 * kThreads kept keys, descending: a bucket sort (bucket_sort: buckets spread over the
-//      kept scores' range, a key's rank = its bucket's start + the keys of its bucket above it), or where a bucket
-//      would overflow (few distinct scores, far outliers) sort_desc (per-warp bitonic networks in registers, then
-//      merge-path merges of sorted runs in shared memory); the first n (or every valid one) are stored, -1 after.
-//      A cluster: each CTA sorts its own gathered keys (the bucket sort above kThreads / 2 keys), copies its
-//      peers' sorted lists and stores each of its keys at its rank among all of them (binary searches).
+//   2. A cluster: every CTA's gathered keys go into CTA 0's shared memory (distributed shared memory stores);
+//      CTA 0 goes on alone, as one CTA per row does.
+//   3. The n largest of the <= kBuf gathered keys, sorted, by buckets (bucket_top: buckets spread over the gathered
+//      scores' range; the buckets that hold ranks < n are scattered in bucket order and a key's rank = its bucket's
+//      start + the keys of its bucket above it); the first n (or every valid one) are stored, -1 after.
+//   4. Where a bucket of the n largest would overflow (few distinct scores, far outliers): an exact radix select
+//      over the gathered keys keeps those above the n-th largest key's prefix (at most 2 * kThreads), then
+//      sort_desc sorts them (per-warp bitonic networks in registers, then merge-path merges of sorted runs in
+//      shared memory).
 //
-// Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19
-// and 24 (the bucket sort: 2048 keys in ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us
-// from the kernel's start, their sort took ~4.5 more at 2048 samples).
+// Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19,
+// 24 (a bucket sort of 2048 keys ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us from the
+// kernel's start, their sort took ~4.5 more at 2048 samples) and 25 (bucket_top and the cluster's funnel into CTA
+// 0, replacing the radix trim + bucket sort and the per-CTA sorts + rank searches).
 // One CTA per row, one row (session 18): the sample sort ~10 us, one gather pass ~0.25 ns per score (one SM's
 // loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the trim of step 2); a cluster of 8 splits
 // the gathers and the sort 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8; session 19, call 7).
@@ -241,103 +243,150 @@ __device__ __forceinline__ void sort_gathered(int64_t* buf, int count) {
 using Scan = cub::BlockScan<int, kThreads>;
 
 struct Shared {
-  int64_t buf[kBuf];  // gathered keys; the sorts' exchange area; with C > 1 at the end every CTA's sorted list
+  int64_t buf[kBuf];  // gathered keys (with C > 1 at the end: every CTA's, in CTA 0's); the sorts' exchange area
   int hist[kBins];
   typename Scan::TempStorage scan;
   int count, bin, above, bin_count;
   int pub[2];                 // C > 1: this CTA's count of the last two gathers, read by its peers
   int counts[kMaxCluster];    // C > 1: every CTA's count of the last gather
-  int offsets[kMaxCluster];   // C > 1: where each CTA's sorted list goes in buf (the counts before it)
   int64_t tau[kTries];  // the estimate's thresholds, highest first
-  unsigned long long kmin, kmax;  // bucket_sort: the smallest and largest key
+  unsigned long long kmin, kmax;  // bucket_top: the smallest and largest key
   unsigned smin, smax;            // sample_thresholds: the smallest and largest finite sample
-  int overflow;                   // bucket_sort: some bucket holds more than kMaxBucket keys
+  int overflow;                   // bucket_top: a bucket of the n largest keys holds more than kMaxBucket
+  int top_end;                    // bucket_top: the keys in the buckets that hold the n largest
 };
 
-// Sorts buf[0, count) descending in place, like sort_gathered, by buckets: kBins buckets evenly spaced over the
-// keys' scores [lowest, highest] (or, when that range is not finite, over the keys themselves), a histogram with a
-// slot per key, a scan for the buckets' starts, a scatter into buf[kBuf / 2, kBuf / 2 + count) in bucket order,
-// and each key's rank = its bucket's start + the keys of its bucket above it. Both maps are monotone (fp32
-// subtraction, multiplication, flush-to-zero and truncation never reverse an order), so a key's bucket never
-// precedes a smaller key's; ties and the id order are settled inside a bucket by whole-key compares. Scores spread
-// over a range (the usual case) put one to a few keys in a bucket, so this is a few shared-memory passes instead of
-// sort_gathered's network and merge levels (2048 keys: 9.6 us, session 24). Returns false, buf unchanged, when a
-// bucket would hold more than kMaxBucket keys (few distinct scores, or keys far above the rest such as forced +inf
-// tokens): the caller then runs sort_gathered.
-// count <= kBuf / 2 unique keys >= 1; every thread of the CTA calls it (it synchronizes).
-constexpr int kMaxBucket = 32;
 // the score of a key's score part (ordered_bits inverted; NaN, which ranks lowest, as -inf)
 __device__ __forceinline__ float score32(uint32_t o) {
   return o == 0 ? -__int_as_float(0x7f800000) : __uint_as_float((o & 0x80000000u) ? o ^ 0x80000000u : o ^ 0xffffffffu);
 }
-__device__ __forceinline__ float score_of(uint64_t key) { return score32(static_cast<uint32_t>(key >> 31)); }
-__device__ __forceinline__ bool bucket_sort(int64_t* buf, int count, Shared& sh) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  if (count <= 1) return true;
-  int* start = sh.hist;
-  uint64_t* tmp = reinterpret_cast<uint64_t*>(buf + kBuf / 2);
-  const uint64_t k0 = tid < count ? static_cast<uint64_t>(buf[tid]) : 0;
-  const uint64_t k1 = tid + kThreads < count ? static_cast<uint64_t>(buf[tid + kThreads]) : 0;
-  if (tid == 0) sh.kmin = ~0ull, sh.kmax = 0, sh.overflow = 0;
-  for (int i = tid; i < kBins; i += kThreads) start[i] = 0;
-  uint64_t mn = k1 ? (k0 < k1 ? k0 : k1) : (k0 ? k0 : ~0ull), mx = k0 > k1 ? k0 : k1;
+
+// mn / mx (each thread's) reduced over the CTA into *lo / *hi, which thread 0 initialized (to ~0 and 0) before the
+// call; every thread of the CTA calls it (two barriers)
+template <typename U>
+__device__ __forceinline__ void block_min_max(U mn, U mx, U* lo, U* hi) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t a = __shfl_xor_sync(0xffffffffu, mn, o), b = __shfl_xor_sync(0xffffffffu, mx, o);
+    const U a = __shfl_xor_sync(0xffffffffu, mn, o), b = __shfl_xor_sync(0xffffffffu, mx, o);
     mn = a < mn ? a : mn;
     mx = b > mx ? b : mx;
   }
-  __syncthreads();  // (the initial values above are stored)
-  if (lane == 0) atomicMin(&sh.kmin, mn), atomicMax(&sh.kmax, mx);
+  __syncthreads();  // (the initial values are stored)
+  if ((threadIdx.x & 31) == 0) atomicMin(lo, mn), atomicMax(hi, mx);
   __syncthreads();
-  const uint64_t lo = sh.kmin;
-  const float f_lo = score_of(lo), f_range = score_of(sh.kmax) - f_lo;
-  float scale = static_cast<float>(kBins) / f_range;
-  const bool by_score = isfinite(f_lo) && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
-  if (!by_score) scale = static_cast<float>(kBins) / (static_cast<float>(sh.kmax - lo) + 1.0f);
-  // the key's bucket in descending order (0: the largest keys)
-  auto bucket = [&](uint64_t k) -> int {
-    const float x = by_score ? (score_of(k) - f_lo) * scale : static_cast<float>(k - lo) * scale;
-    const int b = static_cast<int>(x);
-    return kBins - 1 - (b < kBins - 1 ? b : kBins - 1);
-  };
-  int b0 = 0, b1 = 0, s0 = 0, s1 = 0;
-  if (k0) {
-    b0 = bucket(k0), s0 = atomicAdd(&start[b0], 1);
-    if (s0 >= kMaxBucket) sh.overflow = 1;
+}
+
+// The bucket of an ordered value v (a 63-bit key, or with kShift = 0 a 32-bit score part) among kBins evenly spaced
+// over [lo, hi], descending (0: the largest values): over their scores when that range is finite and positive, else
+// over the values themselves; values outside [lo, hi] go to the end buckets. Monotone in v (fp32 subtraction,
+// multiplication, flush-to-zero, saturating conversion and the clamp never reverse an order), so a value's bucket
+// never precedes a smaller value's.
+template <typename U, int kShift>
+struct BucketMap {
+  U lo;
+  float f_lo, scale;
+  bool by_score;
+  __device__ __forceinline__ BucketMap(U lo_, U hi) : lo(lo_) {
+    f_lo = score32(static_cast<uint32_t>(lo >> kShift));
+    const float f_range = score32(static_cast<uint32_t>(hi >> kShift)) - f_lo;
+    scale = static_cast<float>(kBins) / f_range;
+    by_score = isfinite(f_lo) && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
+    if (!by_score) scale = static_cast<float>(kBins) / (static_cast<float>(hi - lo) + 1.0f);
   }
-  if (k1) {
-    b1 = bucket(k1), s1 = atomicAdd(&start[b1], 1);
-    if (s1 >= kMaxBucket) sh.overflow = 1;
+  __device__ __forceinline__ int operator()(U v) const {
+    const float x = by_score ? (score32(static_cast<uint32_t>(v >> kShift)) - f_lo) * scale
+                             : static_cast<float>(static_cast<int64_t>(v) - static_cast<int64_t>(lo)) * scale;
+    int b = static_cast<int>(x);
+    b = b < 0 ? 0 : (b > kBins - 1 ? kBins - 1 : b);
+    return kBins - 1 - b;
   }
-  __syncthreads();
-  if (sh.overflow) return false;  // (the same in every thread; buf not written)
-  int h[2] = {start[2 * tid], start[2 * tid + 1]}, st[2];
+};
+
+// hist[0, kBins) replaced by its exclusive prefix sums (each thread two bins); every thread calls it (it
+// synchronizes)
+__device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
+  const int tid = threadIdx.x;
+  int h[2] = {hist[2 * tid], hist[2 * tid + 1]}, st[2];
   Scan(sh.scan).ExclusiveSum(h, st);
-  start[2 * tid] = st[0], start[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
+  hist[2 * tid] = st[0], hist[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
   __syncthreads();
-  if (k0) tmp[start[b0] + s0] = k0;
-  if (k1) tmp[start[b1] + s1] = k1;
-  __syncthreads();
-  // ranks from bucket order: neighbouring threads take neighbouring keys, mostly of one bucket (broadcast reads)
+}
+// The n largest of buf[0, count) (count <= kBuf unique keys >= 1), descending, stored to out[0, n) with -1 past
+// count, by buckets: kBins buckets evenly spaced over the keys' scores [lowest, highest] (BucketMap; over the keys
+// themselves when that range is not finite), a histogram with a slot per key, a scan for the buckets' starts (a
+// bucket's start is the rank of its largest key), a scatter of the buckets that hold ranks < n into buf in bucket
+// order, and each of their keys' rank = its bucket's start + the keys of its bucket above it. The map is monotone,
+// so a key's bucket never precedes a smaller key's; ties and the id order are settled inside a bucket by whole-key
+// compares. Scores spread over a range (the usual case) put one to a few keys in a bucket, so the selection of the n
+// largest and their sort are the same few shared-memory passes (the radix trim to 2 * kThreads keys and a bucket
+// sort of those took ~3.5 us each, the network and merges 9.6: session 24). Returns false, out and buf unchanged,
+// when a bucket holding one of the n largest keys would hold more than kMaxBucket keys (few distinct scores, or
+// keys far above the rest such as forced +inf tokens): the caller then trims and runs sort_gathered.
+// Every thread of the CTA calls it (it synchronizes).
+constexpr int kMaxBucket = 32;
+__device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
+  constexpr int R = kBuf / kThreads;
+  const int tid = threadIdx.x;
+  if (count == 0) {
+    for (int i = tid; i < n; i += kThreads) out[i] = -1;
+    return true;
+  }
+  int* start = sh.hist;
+  uint64_t k[R], mn = ~0ull, mx = 0;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int p = r * kThreads + tid;
-    if (p < count) {
-      const uint64_t k = tmp[p];
-      const int b = bucket(k), end = b + 1 < kBins ? start[b + 1] : count;
-      int rank = start[b];
-      for (int q = start[b]; q < end; ++q) rank += tmp[q] > k ? 1 : 0;
-      buf[rank] = static_cast<int64_t>(k);
+  for (int r = 0; r < R; ++r) {
+    const int i = r * kThreads + tid;
+    k[r] = i < count ? static_cast<uint64_t>(buf[i]) : 0;  // (0: no key)
+    if (k[r]) mn = k[r] < mn ? k[r] : mn, mx = k[r] > mx ? k[r] : mx;
+  }
+  if (tid == 0) sh.kmin = ~0ull, sh.kmax = 0, sh.overflow = 0;
+  for (int i = tid; i < kBins; i += kThreads) start[i] = 0;
+  block_min_max<unsigned long long>(mn, mx, &sh.kmin, &sh.kmax);  // (its barriers: every key read, start zeroed)
+  const BucketMap<uint64_t, 31> bucket(sh.kmin, sh.kmax);
+  int bs[R] = {};  // a key's bucket | its slot in the bucket << 16 (kBins, kBuf <= 2^16)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (k[r]) {
+      const int b = bucket(k[r]);
+      bs[r] = b | atomicAdd(&start[b], 1) << 16;
     }
   }
   __syncthreads();
+  const int last = (count < n ? count : n) - 1;  // the rank of the last key stored
+  {
+    int h[2] = {start[2 * tid], start[2 * tid + 1]}, st[2];
+    Scan(sh.scan).ExclusiveSum(h, st);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (h[e] > 0 && st[e] <= last) {  // a bucket that holds ranks <= last
+        if (h[e] > kMaxBucket) sh.overflow = 1;
+        if (last < st[e] + h[e]) sh.top_end = st[e] + h[e];  // (one bucket holds rank `last`)
+      }
+    }
+    start[2 * tid] = st[0], start[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
+  }
+  __syncthreads();
+  if (sh.overflow) return false;  // (the same in every thread; nothing written)
+  const int end = sh.top_end;  // the keys of the buckets scattered: buf[0, end), end <= last + kMaxBucket
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (k[r] && start[bs[r] & 0xffff] <= last) buf[start[bs[r] & 0xffff] + (bs[r] >> 16)] = static_cast<int64_t>(k[r]);
+  __syncthreads();
+  // ranks from bucket order: neighbouring threads take neighbouring keys, mostly of one bucket (broadcast reads)
+  for (int p = tid; p < end; p += kThreads) {
+    const uint64_t key = static_cast<uint64_t>(buf[p]);
+    const int bk = bucket(key), e = bk + 1 < kBins ? start[bk + 1] : count;
+    int rank = start[bk];
+    for (int q = start[bk]; q < e; ++q) rank += static_cast<uint64_t>(buf[q]) > key ? 1 : 0;
+    if (rank < n) out[rank] = static_cast<int64_t>(key);
+  }
+  for (int i = last + 1 + tid; i < n; i += kThreads) out[i] = -1;  // rows of fewer than n keys
   return true;
 }
-// The same, as a call: inlined into the cluster kernel it cost ~0.6 us at C = 8 even where it does not run (its
-// registers; session 24), so the cluster path calls it out of line.
-__device__ __noinline__ bool bucket_sort_outlined(int64_t* buf, int count, Shared& sh) {
-  return bucket_sort(buf, count, sh);
+// The same, as a call: inlined into the cluster kernel a bucket pass cost ~0.6 us at C = 8 even where it did not
+// run (its registers; session 24), so the cluster instance calls it out of line.
+__device__ __noinline__ bool bucket_top_outlined(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
+  return bucket_top(buf, count, n, out, sh);
 }
 
 // The estimate's thresholds sh.tau[0, kTries), highest first: for an expected count want_f = n + (kBuf - n) * f / 16
@@ -351,7 +400,7 @@ __device__ __noinline__ bool bucket_sort_outlined(int64_t* buf, int count, Share
 // Every thread of the CTA calls it (it synchronizes); every CTA of a cluster computes the same thresholds.
 constexpr int kSamples = 2 * kThreads;
 __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared& sh, uint32_t* bmin) {
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x;
   constexpr uint32_t kNegInf = 0x007fffffu, kPosInf = 0xff800000u;  // ordered(-inf), ordered(+inf)
   uint32_t o[2];
 #pragma unroll
@@ -361,33 +410,14 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
   }
   if (tid == 0) sh.smin = ~0u, sh.smax = 0;
   for (int i = tid; i < kBins; i += kThreads) sh.hist[i] = 0, bmin[i] = ~0u;
-  uint32_t mn = ~0u, mx = 0;
+  unsigned mn = ~0u, mx = 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r)
     if (o[r] > kNegInf && o[r] < kPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
-#pragma unroll
-  for (int k = 16; k > 0; k >>= 1) {
-    const uint32_t a = __shfl_xor_sync(0xffffffffu, mn, k), b = __shfl_xor_sync(0xffffffffu, mx, k);
-    mn = a < mn ? a : mn;
-    mx = b > mx ? b : mx;
-  }
-  __syncthreads();
-  if (lane == 0) atomicMin(&sh.smin, mn), atomicMax(&sh.smax, mx);
-  __syncthreads();
-  // the bucket (descending: 0 holds the largest samples) of score part v; monotone in v (fp32 subtract, multiply,
-  // saturating conversion, clamp), so the buckets order the samples
-  const uint32_t lo = sh.smin <= sh.smax ? sh.smin : 0, hi = sh.smin <= sh.smax ? sh.smax : ~0u;
-  const float f_lo = score32(lo), f_range = score32(hi) - f_lo;
-  float scale = static_cast<float>(kBins) / f_range;
-  const bool by_score = sh.smin <= sh.smax && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
-  if (!by_score) scale = static_cast<float>(kBins) / (static_cast<float>(hi - lo) + 1.0f);
-  auto bucket = [&](uint32_t v) -> int {
-    const float x = by_score ? (score32(v) - f_lo) * scale
-                             : static_cast<float>(static_cast<int64_t>(v) - static_cast<int64_t>(lo)) * scale;
-    int b = static_cast<int>(x);
-    b = b < 0 ? 0 : (b > kBins - 1 ? kBins - 1 : b);
-    return kBins - 1 - b;
-  };
+  block_min_max<unsigned>(mn, mx, &sh.smin, &sh.smax);
+  // no finite sample: one range over every score part (the scores' range is then not finite: by the values)
+  const bool finite = sh.smin <= sh.smax;
+  const BucketMap<uint32_t, 0> bucket(finite ? sh.smin : 0u, finite ? sh.smax : ~0u);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int b = bucket(o[r]);
@@ -395,10 +425,7 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
     atomicMin(&bmin[b], o[r]);
   }
   __syncthreads();
-  int h[2] = {sh.hist[2 * tid], sh.hist[2 * tid + 1]}, st[2];
-  Scan(sh.scan).ExclusiveSum(h, st);
-  sh.hist[2 * tid] = st[0], sh.hist[2 * tid + 1] = st[1];  // the samples in the buckets before each (a rank)
-  __syncthreads();
+  scan_bins(sh.hist, sh);  // the samples in the buckets before each (a rank)
   if (tid < kTries) {
     const int64_t want = n + static_cast<int64_t>(kBuf - n) * kFrac[tid] / 16;
     int q = static_cast<int>(want * kSamples / row.nloc) - 1;
@@ -607,95 +634,30 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   }
 
   if (C > 1) {
-    // ---- 3'. cluster: every CTA sorts its own gathered keys (sh.counts[c] <= count <= kBuf of them) into
-    // buf[off_c, off_c + mine), off_c = the counts of the CTAs before it, so the C lists sit side by side at the
-    // same places in every CTA; each then copies the others' lists from their shared memory and places each of its
-    // own keys at its rank among all of them (its index + the keys above it in every other list: a binary search
-    // of each sorted list), writing those of rank < n. Keys are unique: the ranks 0 .. count - 1 are each one key.
+    // ---- 3'. cluster: every CTA's gathered keys (sh.counts[c] <= count <= kBuf of them) go into CTA 0's buf side
+    // by side (CTA c's after the counts of the CTAs before it; CTA 0's stay where they are), and CTA 0 selects and
+    // sorts the count keys alone, as one CTA per row does (steps 3-4). (Each CTA sorting its own keys and placing
+    // them by binary searches of every peer's sorted list took ~9 us at C = 8: session 24.)
     const int mine = sh.counts[c];
-    int* off = sh.offsets;
-    if (tid < C) {
-      int o = 0;
-      for (int r = 0; r < tid; ++r) o += sh.counts[r];
-      off[tid] = o;
+    if (c != 0) {
+      int off = 0;
+      for (int r = 0; r < c; ++r) off += sh.counts[r];
+      int64_t* dst = cl.map_shared_rank(buf, 0) + off;
+      for (int i = tid; i < mine; i += kThreads) dst[i] = buf[i];
     }
-    __syncthreads();
-    const int off_c = off[c];
-    // (a cluster of 8, ~n * 1.5 / 8 keys each, sorts as fast with the network: session 24)
-    if (mine > kThreads / 2 && mine <= kBuf / 2 && bucket_sort_outlined(buf, mine, sh)) {
-    } else if (mine <= kThreads / 2)
-      sort_gathered<1, kThreads / 2>(buf, mine);
-    else if (mine <= kThreads)
-      sort_gathered<1>(buf, mine);
-    else if (mine <= 2 * kThreads)
-      sort_gathered<2>(buf, mine);
-    else
-      sort_gathered<4>(buf, mine);
-    trace(4);
-    if (off_c > 0) {  // move the sorted list up to off_c (through registers: the ranges may overlap)
-      int64_t v[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) v[r] = r * kThreads + tid < mine ? buf[r * kThreads + tid] : 0;
-      __syncthreads();
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        if (r * kThreads + tid < mine) buf[off_c + r * kThreads + tid] = v[r];
-    }
-    cl.sync();  // every CTA's list in place (and visible to the cluster)
-    {
-      // the peers' lists, slot i of buf from the CTA whose list holds it; the count <= kBuf = 4 * kThreads slots
-      // are four per thread, all four loads in flight at once
-      int64_t v[4];
-      int owner[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int i = q * kThreads + tid;
-        int r = 0;
-        while (r + 1 < C && i >= off[r + 1]) ++r;
-        owner[q] = i < count ? r : c;
-        if (owner[q] != c) v[q] = cl.map_shared_rank(buf, owner[q])[i];
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (owner[q] != c) buf[q * kThreads + tid] = v[q];
-    }
-    __syncthreads();
+    cl.sync();  // every CTA's keys in CTA 0's buf (and visible to it); no CTA reads a peer's shared memory after it
     trace(7);
-    // keys of list r above `key`
-    auto above_in = [&](int r, int64_t key) -> int { return peerdcp::count_greater(buf + off[r], sh.counts[r], key); };
-    if (C > 2 && mine <= kBins) {
-      // one (key, other list) pair per thread and step, not one key with C - 1 searches: every thread searches
-      // (a few hundred keys per CTA would leave most threads idle), and neighbouring threads search the same list
-      // for neighbouring keys (the same first probes); the counts meet in hist, free after the radix levels.
-      // (With C = 2 there is one search per key either way, and the atomics cost ~1 us: session 19 call 5.)
-      int* above = hist;
-      for (int i = tid; i < mine; i += kThreads) above[i] = 0;
-      __syncthreads();
-      for (int p = tid; p < mine * (C - 1); p += kThreads) {
-        const int i = p % mine, q = p / mine, r = q < c ? q : q + 1;
-        const int a = above_in(r, buf[off_c + i]);
-        if (a) atomicAdd(&above[i], a);
-      }
-      __syncthreads();
-      for (int i = tid; i < mine; i += kThreads) {
-        const int rank = i + above[i];
-        if (rank < n) out[rank] = buf[off_c + i];
-      }
-    } else {
-      for (int i = tid; i < mine; i += kThreads) {
-        const int64_t key = buf[off_c + i];
-        int rank = i;
-        for (int r = 0; r < C; ++r) rank += r == c ? 0 : above_in(r, key);
-        if (rank < n) out[rank] = key;
-      }
-    }
-    for (int i = count + c * kThreads + tid; i < n; i += C * kThreads) out[i] = -1;  // rows of fewer than n keys
+    if (c != 0) return;
+  }
+
+  // ---- 3. the n largest of the count <= kBuf gathered keys, sorted and stored, by buckets
+  if (bucket_top_outlined(buf, count, n, out, sh)) {
+    trace(4);
     trace(5);
-    cl.sync();  // no CTA leaves while a peer may still copy from its shared memory
     return;
   }
 
-  // ---- 3. trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest are needed, so an
+  // ---- 3b. (a bucket overflowed) trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest are needed, so an
   // exact radix select over buf keeps the keys above the n-th largest key's prefix at the first level where they
   // fit in 2 * kThreads; the sort then holds 2 keys per thread instead of 4, about half its work (the sort of 4096
   // keys was ~17 us of a one-SM select, session 18). The levels read buf afresh (keys held in registers across
@@ -757,8 +719,8 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     trace(6);
   }
 
-  // ---- 4. sort the count <= 2 * kThreads (trimmed) keys into buf, descending
-  if (!(CLUSTER ? bucket_sort_outlined(buf, count, sh) : bucket_sort(buf, count, sh))) sort_gathered<2>(buf, count);
+  // ---- 4. sort the count <= 2 * kThreads (trimmed) keys into buf, descending, by the network
+  sort_gathered<2>(buf, count);
   trace(4);
   const int valid = count < n ? count : n;
   for (int i = tid; i < n; i += kThreads) out[i] = i < valid ? buf[i] : -1;

@@ -6,10 +6,10 @@
 Builds ``csrc/topk_select.cu`` with ``PEERDCP_SELECT_TRACE`` (a separate cache entry: the extra flag is part of
 the key), runs ``ops.select`` on one row of random scores per local length (top 2048; ``--ctas``: CTAs per row,
 0 = the library's rule), and prints the ``%globaltimer`` stamps of CTA 0's thread 0, in µs from the kernel's
-start: after the sample sort (1), after the estimate's gathers (2), after the radix select (3, only when the
-estimate failed), after the trim to the n largest gathered keys (6, one CTA per row with more than 2048 gathered),
-after the final sort (4; a cluster: CTA 0's sort of its own keys), after a cluster CTA copied its peers' sorted
-lists (7), at the end (5); -1 = the phase did not run.
+start: after the samples' histogram (1), after the estimate's gathers (2), after the radix select (3, only when
+the estimate failed), after the trim to the n largest gathered keys (6, only when the bucket pass overflowed),
+after a cluster's CTAs moved their gathered keys into CTA 0 (7, ``funnel``), after the n largest are sorted and
+stored (4), at the end (5); -1 = the phase did not run.
 The median of ``--reps`` launches. A diagnosis tool, not a benchmark.
 """
 
@@ -43,7 +43,7 @@ def main() -> int:
     ops.TUNING["select_radix_only"] = a.radix_only
     ops.TUNING["select_ctas"] = a.ctas
     buf = (ctypes.c_longlong * 8)()
-    phases = ("sample", "estimate", "radix", "trim", "sort", "copy", "end")
+    phases = ("sample", "estimate", "radix", "trim", "sort", "funnel", "end")
     print(f"{'length':>8} " + " ".join(f"{p:>8}" for p in phases))
     for L in a.lengths:
         x = torch.randn(1, L, device="cuda")

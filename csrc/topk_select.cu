@@ -130,7 +130,7 @@ __device__ __forceinline__ int row_of(int base, int e) {
   return VEC ? base + ((e >> 2) * kThreads + tid) * 4 + (e & 3) : base + e * kThreads + tid;
 }
 
-// The thread's kPerStep scores of the step at `base` (0 from the CTA's slice end on, never read past it; a slice
+// The thread's kPerStep scores of the step at `base` (NaN from the CTA's slice end on, never read past it; a slice
 // starts at a multiple of 4). VEC: 16-byte loads (rows 16-byte aligned).
 template <bool VEC>
 __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[kPerStep]) {
@@ -142,10 +142,11 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
       if (l + 4 <= row.end) {
         q = __ldg(reinterpret_cast<const float4*>(row.x + l));
       } else {  // the slice's last partial vector: never read past its valid scores (nor the row's allocation)
-        q.x = l < row.end ? __ldg(row.x + l) : 0.0f;
-        q.y = l + 1 < row.end ? __ldg(row.x + l + 1) : 0.0f;
-        q.z = l + 2 < row.end ? __ldg(row.x + l + 2) : 0.0f;
-        q.w = 0.0f;  // l + 3 >= end here
+        const float pad = __int_as_float(0x7fc00000);  // NaN
+        q.x = l < row.end ? __ldg(row.x + l) : pad;
+        q.y = l + 1 < row.end ? __ldg(row.x + l + 1) : pad;
+        q.z = l + 2 < row.end ? __ldg(row.x + l + 2) : pad;
+        q.w = pad;  // l + 3 >= end here
       }
       v[4 * u] = q.x, v[4 * u + 1] = q.y, v[4 * u + 2] = q.z, v[4 * u + 3] = q.w;
     }
@@ -153,7 +154,7 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
 #pragma unroll
     for (int e = 0; e < kPerStep; ++e) {
       const int l = row_of<false>(base, e);
-      v[e] = l < row.end ? __ldg(row.x + l) : 0.0f;
+      v[e] = l < row.end ? __ldg(row.x + l) : __int_as_float(0x7fc00000);
     }
   }
 }
@@ -521,18 +522,51 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     for (int base = row.beg; base < row.end; base += kStep) {
       float v[kPerStep];
       load_step<VEC>(row, base, v);
+      if (fast) {
+        // few scores pass (~n / nloc), so the common work per score is two compares: bit e of `take` for the
+        // thread's e-th score (the NaN padding past the slice never passes), the id only on a tie with lo_f; a
+        // thread's taken keys go to consecutive slots from its warp's prefix sum of the counts
+        unsigned take = 0;
+        bool tie = false;
+#pragma unroll
+        for (int e = 0; e < kPerStep; ++e) {
+          take |= static_cast<unsigned>(v[e] > lo_f) << e;
+          tie |= v[e] == lo_f;
+        }
+        if (tie) {
+#pragma unroll
+          for (int e = 0; e < kPerStep; ++e)
+            if (v[e] == lo_f && row.id_part(row_of<VEC>(base, e)) >= lo_id) take |= 1u << e;
+        }
+        const int cnt = __popc(take);
+        int incl = cnt;  // the warp's inclusive prefix sum of the counts
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int y = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += y;
+        }
+        const int total = __shfl_sync(0xffffffffu, incl, 31);
+        if (total == 0) continue;  // (warp-uniform)
+        int slot = 0;
+        if (lane == 31) slot = atomicAdd(&sh.count, total);
+        slot = __shfl_sync(0xffffffffu, slot, 31) + incl - cnt;
+#pragma unroll
+        for (int e = 0; e < kPerStep; ++e) {
+          if ((take >> e) & 1u) {
+            const int l = row_of<VEC>(base, e);
+            if (slot < kBuf) buf[slot] = (static_cast<int64_t>(row.ordered(v[e], l)) << 31) | row.id_part(l);
+            ++slot;
+          }
+        }
+        continue;
+      }
       unsigned m[kPerStep];
       int total = 0;
 #pragma unroll
       for (int e = 0; e < kPerStep; ++e) {
         const int l = row_of<VEC>(base, e);
-        bool take;
-        if (fast) {
-          take = l < row.end && (v[e] > lo_f || (v[e] == lo_f && row.id_part(l) >= lo_id));
-        } else {
-          const uint32_t o = row.ordered(v[e], l);
-          take = l < row.end && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
-        }
+        const uint32_t o = row.ordered(v[e], l);
+        const bool take = l < row.end && (o > lo_o || (o == lo_o && row.id_part(l) >= lo_id));
         m[e] = __ballot_sync(0xffffffffu, take);
         total += __popc(m[e]);
       }

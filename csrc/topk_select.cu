@@ -34,10 +34,11 @@
 // Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19,
 // 24 (a bucket sort of 2048 keys ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us from the
 // kernel's start, their sort took ~4.5 more at 2048 samples) and 25 (bucket_top and the cluster's funnel into CTA
-// 0, replacing the radix trim + bucket sort and the per-CTA sorts + rank searches).
-// One CTA per row, one row (session 18): the sample sort ~10 us, one gather pass ~0.25 ns per score (one SM's
-// loads: 34 us at 128K), the final sort of <= 4096 keys ~17 us (before the trim of step 2); a cluster of 8 splits
-// the gathers and the sort 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8; session 19, call 7).
+// 0, replacing the radix trim + bucket sort and the per-CTA sorts + rank searches; the gather's two float compares
+// per score: one SM's pass over 128K scores ~27 us, was ~34 - bound by instructions per score, not by loads).
+// One CTA per row, one row (session 18): the sample sort ~10 us, the final sort of <= 4096 keys ~17 us (before the
+// trim of step 4); a cluster of 8 splits the gathers 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8;
+// session 19, call 7; 18.3 us with 8 in session 25).
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -691,11 +692,11 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     return;
   }
 
-  // ---- 3b. (a bucket overflowed) trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest are needed, so an
-  // exact radix select over buf keeps the keys above the n-th largest key's prefix at the first level where they
-  // fit in 2 * kThreads; the sort then holds 2 keys per thread instead of 4, about half its work (the sort of 4096
-  // keys was ~17 us of a one-SM select, session 18). The levels read buf afresh (keys held in registers across
-  // them spilled at the 64 registers a 1024-thread CTA has).
+  // ---- 3b. (a bucket overflowed) trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest
+  // are needed, so an exact radix select over buf keeps the keys above the n-th largest key's prefix at the first
+  // level where they fit in 2 * kThreads; the sort then holds 2 keys per thread instead of 4, about half its work
+  // (the sort of 4096 keys was ~17 us of a one-SM select, session 18). The levels read buf afresh (keys held in
+  // registers across them spilled at the 64 registers a 1024-thread CTA has).
   if (count > 2 * kThreads) {
     auto key_of = [&](int r) -> uint64_t {
       const int i = r * kThreads + tid;

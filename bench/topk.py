@@ -27,7 +27,7 @@ selection kernel (``csrc/topk_select.cu``: keys from scores, radix select, share
 ``ctas`` CTAs per row (a thread-block cluster at few rows), ``cuda_1cta`` - the same kernel with one CTA per row,
 vs ``torch`` - the Triton keys kernel + ``torch.topk`` (what the stage ran before, and still runs above 2048
 candidates or without nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs it (``--world 1 --no-merge
---no-indexer --local``).
+--no-indexer --local``). ``--local-force F,L`` force-includes each row's first F and last L tokens (scored +inf).
 
 Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
 the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
@@ -282,7 +282,7 @@ def local_rank(cfg: dict) -> list[dict]:
             lens = torch.full((T,), Lloc * W, dtype=torch.int64, device=dev)  # this rank owns Lloc of them
 
             def fn(i, logits=logits, lens=lens, n=nsets):
-                return _local_keys(logits[i % n], lens, K, r, W, 1, 0, 0)
+                return _local_keys(logits[i % n], lens, K, r, W, 1, *cfg.get("local_force", (0, 0)))
 
             with mock.patch.dict(topk_ops.TUNING, {"local_select": "torch"}):
                 want = [fn(j) for j in range(nsets)]
@@ -326,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-merge", action="store_true", help="skip part 1")
     p.add_argument("--local", action="store_true", help="add part 3 (the local candidate stage alone)")
     p.add_argument(
+        "--local-force",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        default=(0, 0),
+        metavar="FIRST,LAST",
+        help="part 3: force-include the first / last this many tokens of each sequence (scored +inf)",
+    )
+    p.add_argument(
         "--breakdown", action="store_true", help="also time the direct merge's publish and merge kernels alone"
     )
     p.add_argument(
@@ -344,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {"rows": [1, 3], "index_rows": [1, 2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
         cfg["breakdown"] = args.breakdown
         cfg.update(merge=not args.no_merge, local_rows=[1, 2], local_lengths=[3000] if args.local else [])
+        cfg["local_force"] = args.local_force
         cfg.update(calls=2, eager=False, device="cpu")
         return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())
     cfg = {
@@ -352,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "contexts": [] if args.no_indexer else ([32768, 131072]),
         "merge": not args.no_merge,
         "local_rows": [1, 8, 32, 128] if args.quick else [1, 2, 8, 32, 64, 128],
+        "local_force": args.local_force,
         "local_lengths": ([4096, 16384, 65536, 131072] if args.quick else [4096, 8192, 16384, 32768, 65536, 131072])
         if args.local
         else [],

@@ -314,18 +314,22 @@ __device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
   __syncthreads();
 }
 // The n largest of buf[0, count) (count <= kBuf unique keys >= 1), descending, stored to out[0, n) with -1 past
-// count, by buckets: kBins buckets evenly spaced over the keys' scores [lowest, highest] (BucketMap; over the keys
-// themselves when that range is not finite), a histogram with a slot per key, a scan for the buckets' starts (a
-// bucket's start is the rank of its largest key), a scatter of the buckets that hold ranks < n into buf in bucket
-// order, and each of their keys' rank = its bucket's start + the keys of its bucket above it. The map is monotone,
-// so a key's bucket never precedes a smaller key's; ties and the id order are settled inside a bucket by whole-key
-// compares. Scores spread over a range (the usual case) put one to a few keys in a bucket, so the selection of the n
-// largest and their sort are the same few shared-memory passes (the radix trim to 2 * kThreads keys and a bucket
-// sort of those took ~3.5 us each, the network and merges 9.6: session 24). Returns false, out and buf unchanged,
-// when a bucket holding one of the n largest keys would hold more than kMaxBucket keys (few distinct scores, or
-// keys far above the rest such as forced +inf tokens): the caller then trims and runs sort_gathered.
+// count, by buckets: kBins buckets evenly spaced over the keys' finite scores [lowest, highest] (BucketMap; +inf
+// scores in bucket 0, -inf and NaN in the last; over the keys themselves when no score is finite), a histogram with
+// a slot per key, a scan for the buckets' starts (a bucket's start is the rank of its largest key), a scatter of the
+// buckets that hold ranks < n into buf in bucket order, and each of their keys' rank = its bucket's start + the
+// keys of its bucket above it. The map is monotone, so a key's bucket never precedes a smaller key's; ties and the
+// id order are settled inside a bucket by whole-key compares. Scores spread over a range (the usual case) put one to
+// a few keys in a bucket, so the selection of the n largest and their sort are the same few shared-memory passes
+// (the radix trim to 2 * kThreads keys and a bucket sort of those took ~3.5 us each, the network and merges 9.6:
+// session 24). Returns false, out and buf unchanged, when a bucket holding one of the n largest keys would hold more
+// than kMaxBucket keys (few distinct scores, far outliers; bucket 0: more than kMaxTopBucket): the caller then trims
+// and runs sort_gathered.
 // Every thread of the CTA calls it (it synchronizes).
 constexpr int kMaxBucket = 32;
+// bucket 0 takes every key of a +inf score (forced tokens: the first / last windows of a sequence, ranked among
+// themselves by id): up to this many before the fallback (its rank loop is then ~kMaxTopBucket compares per key)
+constexpr int kMaxTopBucket = 256;
 __device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
   constexpr int R = kBuf / kThreads;
   const int tid = threadIdx.x;
@@ -334,17 +338,20 @@ __device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64
     return true;
   }
   int* start = sh.hist;
+  // the range: the keys of finite scores (+inf scores - forced tokens - go to bucket 0, -inf and NaN to the last)
+  constexpr uint64_t kNegInfKey = (0x007fffffull << 31) | 0x7fffffffull, kPosInfKey = 0xff800000ull << 31;
   uint64_t k[R], mn = ~0ull, mx = 0;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int i = r * kThreads + tid;
     k[r] = i < count ? static_cast<uint64_t>(buf[i]) : 0;  // (0: no key)
-    if (k[r]) mn = k[r] < mn ? k[r] : mn, mx = k[r] > mx ? k[r] : mx;
+    if (k[r] > kNegInfKey && k[r] < kPosInfKey) mn = k[r] < mn ? k[r] : mn, mx = k[r] > mx ? k[r] : mx;
   }
   if (tid == 0) sh.kmin = ~0ull, sh.kmax = 0, sh.overflow = 0;
   for (int i = tid; i < kBins; i += kThreads) start[i] = 0;
   block_min_max<unsigned long long>(mn, mx, &sh.kmin, &sh.kmax);  // (its barriers: every key read, start zeroed)
-  const BucketMap<uint64_t, 31> bucket(sh.kmin, sh.kmax);
+  const bool finite = sh.kmin <= sh.kmax;  // (none: by the keys over their whole range)
+  const BucketMap<uint64_t, 31> bucket(finite ? sh.kmin : 0ull, finite ? sh.kmax : ~0ull >> 1);
   int bs[R] = {};  // a key's bucket | its slot in the bucket << 16 (kBins, kBuf <= 2^16)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -361,7 +368,7 @@ __device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if (h[e] > 0 && st[e] <= last) {  // a bucket that holds ranks <= last
-        if (h[e] > kMaxBucket) sh.overflow = 1;
+        if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) sh.overflow = 1;
         if (last < st[e] + h[e]) sh.top_end = st[e] + h[e];  // (one bucket holds rank `last`)
       }
     }
@@ -369,7 +376,7 @@ __device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64
   }
   __syncthreads();
   if (sh.overflow) return false;  // (the same in every thread; nothing written)
-  const int end = sh.top_end;  // the keys of the buckets scattered: buf[0, end), end <= last + kMaxBucket
+  const int end = sh.top_end;  // the keys of the buckets scattered: buf[0, end), end <= last + kMaxTopBucket
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (k[r] && start[bs[r] & 0xffff] <= last) buf[start[bs[r] & 0xffff] + (bs[r] >> 16)] = static_cast<int64_t>(k[r]);

@@ -122,6 +122,9 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("lognormal", 3, 30000, 2048, 2, 1, 1, 0, 0, torch.int64),
     ("lognormal", 3, 4096, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
+    ("normal", 3, 30000, 2048, 2, 1, 1, 4, 64, torch.int64),  # forced windows: the +inf keys share bucket 0
+    ("normal", 2, 20000, 2048, 1, 0, 1, 100, 300, torch.int64),  # more forced than bucket 0 takes: the fallback
+    ("ties", 2, 20000, 2048, 1, 0, 1, 10, 10, torch.int64),  # forced tokens beside scores of +-inf and NaN
     ("normal", 3, 4096, 2048, 2, 0, 1, 0, 0, torch.int64),
     ("ties", 3, 3000, 2048, 2, 1, 64, 0, 0, torch.int32),  # L < k: every valid key, sorted
     ("normal", 2, 2048, 2048, 1, 0, 1, 0, 0, torch.int64),  # L = k

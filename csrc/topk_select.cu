@@ -258,6 +258,9 @@ struct Shared {
   int top_end;                    // bucket_top: the keys in the buckets that hold the n largest
 };
 
+// ordered(-inf) and ordered(+inf): the score parts between them are finite (0 below: NaN)
+constexpr uint32_t kOrderedNegInf = 0x007fffffu, kOrderedPosInf = 0xff800000u;
+
 // the score of a key's score part (ordered_bits inverted; NaN, which ranks lowest, as -inf)
 __device__ __forceinline__ float score32(uint32_t o) {
   return o == 0 ? -__int_as_float(0x7f800000) : __uint_as_float((o & 0x80000000u) ? o ^ 0x80000000u : o ^ 0xffffffffu);
@@ -325,12 +328,14 @@ __device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
 // session 24). Returns false, out and buf unchanged, when a bucket holding one of the n largest keys would hold more
 // than kMaxBucket keys (few distinct scores, far outliers; bucket 0: more than kMaxTopBucket): the caller then trims
 // and runs sort_gathered.
-// Every thread of the CTA calls it (it synchronizes).
+// Every thread of the CTA calls it (it synchronizes). Out of line in both kernel instances: inlined it cost ~0.6 us
+// at C = 8 even where it did not run (session 24), and the one-CTA gather 20 % at 128 rows (session 25, call 3) -
+// its registers.
 constexpr int kMaxBucket = 32;
 // bucket 0 takes every key of a +inf score (forced tokens: the first / last windows of a sequence, ranked among
 // themselves by id): up to this many before the fallback (its rank loop is then ~kMaxTopBucket compares per key)
 constexpr int kMaxTopBucket = 256;
-__device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
+__device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
   constexpr int R = kBuf / kThreads;
   const int tid = threadIdx.x;
   if (count == 0) {
@@ -339,7 +344,8 @@ __device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64
   }
   int* start = sh.hist;
   // the range: the keys of finite scores (+inf scores - forced tokens - go to bucket 0, -inf and NaN to the last)
-  constexpr uint64_t kNegInfKey = (0x007fffffull << 31) | 0x7fffffffull, kPosInfKey = 0xff800000ull << 31;
+  constexpr uint64_t kNegInfKey = (static_cast<uint64_t>(kOrderedNegInf) << 31) | 0x7fffffffull;  // its largest key
+  constexpr uint64_t kPosInfKey = static_cast<uint64_t>(kOrderedPosInf) << 31;                    // its smallest
   uint64_t k[R], mn = ~0ull, mx = 0;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -392,11 +398,6 @@ __device__ __forceinline__ bool bucket_top(int64_t* buf, int count, int n, int64
   for (int i = last + 1 + tid; i < n; i += kThreads) out[i] = -1;  // rows of fewer than n keys
   return true;
 }
-// The same, as a call: inlined into the cluster kernel a bucket pass cost ~0.6 us at C = 8 even where it did not
-// run (its registers; session 24), so the cluster instance calls it out of line.
-__device__ __noinline__ bool bucket_top_outlined(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
-  return bucket_top(buf, count, n, out, sh);
-}
 
 // The estimate's thresholds sh.tau[0, kTries), highest first: for an expected count want_f = n + (kBuf - n) * f / 16
 // of the row's keys at or above it (f = kFrac), the score part of the sample of rank q_f = want_f * kSamples / nloc
@@ -410,7 +411,6 @@ __device__ __noinline__ bool bucket_top_outlined(int64_t* buf, int count, int n,
 constexpr int kSamples = 2 * kThreads;
 __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared& sh, uint32_t* bmin) {
   const int tid = threadIdx.x;
-  constexpr uint32_t kNegInf = 0x007fffffu, kPosInf = 0xff800000u;  // ordered(-inf), ordered(+inf)
   uint32_t o[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -422,7 +422,7 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
   unsigned mn = ~0u, mx = 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    if (o[r] > kNegInf && o[r] < kPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
+    if (o[r] > kOrderedNegInf && o[r] < kOrderedPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
   block_min_max<unsigned>(mn, mx, &sh.smin, &sh.smax);
   // no finite sample: one range over every score part (the scores' range is then not finite: by the values)
   const bool finite = sh.smin <= sh.smax;
@@ -693,7 +693,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   }
 
   // ---- 3. the n largest of the count <= kBuf gathered keys, sorted and stored, by buckets
-  if (bucket_top_outlined(buf, count, n, out, sh)) {
+  if (bucket_top(buf, count, n, out, sh)) {
     trace(4);
     trace(5);
     return;

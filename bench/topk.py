@@ -15,7 +15,8 @@ Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer
 (32 heads), rows 1 ... 128 (one sequence per row, paged):
 
 * ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
-* ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge).
+* ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge; on a GPU
+  the selection kernel publishes the candidates itself, so no publish kernel runs there, unlike Part 1).
   Targets: ``sh_score <= 1.1/W * rep_score``; index-K bytes per rank = 1/W of replicated.
 * ``empty``  - a one-program Triton kernel that stores one value, timed the same way: the per-call floor of
   any kernel in this harness, which both scans pay (with the bytes each reads, it bounds the ratio a

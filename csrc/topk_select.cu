@@ -30,6 +30,9 @@
 //      over the gathered keys keeps those above the n-th largest key's prefix (at most 2 * kThreads), then
 //      sort_desc sorts them (per-warp bitonic networks in registers, then merge-path merges of sorted runs in
 //      shared memory).
+//   5. Optionally (TopK.select's direct path) the row is then published to the peers of the direct Top-K - its
+//      epoch advanced, its keys stored into their inboxes, their flags released: publish_row, in place of the
+//      separate publish kernel that merge() launches.
 //
 // Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19,
 // 24 (a bucket sort of 2048 keys ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us from the
@@ -85,6 +88,13 @@ struct SelectParams {
   int64_t force_first, force_last;
   int radix_only;  // 1: skip the estimate (tests and diagnosis run the radix select on every row)
   int C;           // CTAs per row: one thread-block cluster of C (1 to kMaxCluster) shares each row
+  // The direct Top-K's publish step in the same kernel (peers == nullptr: none; peerdcp/topk/selector.py has the
+  // protocol): once row t's keys are stored, its epoch e = ++state[1 + t], the keys padded to K with -1 go into
+  // every peer's inbox [e % 2, rank, t, :] (word `inbox` of its buffer) and the peer's flag [e % 2, rank, t] = e.
+  const int64_t* peers;  // [W] every rank's buffer base address in this process (int64 words: flags at 0)
+  int64_t* state;        // [1 + max_rows] local: [aborted, epoch of row 0, ...]
+  int64_t inbox;         // word offset of the inbox [2, W, max_rows, K] in a buffer
+  int K, max_rows;
 };
 
 // ordered(s): the score's 32 canonical bits (reference.ordered_bits), bitwise, so no flush-to-zero (this library
@@ -769,9 +779,37 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   trace(5);
 }
 
+// Publishes row t's stored keys out[0, a.n) (see SelectParams::peers). Called by the CTA that stored them (CTA 0 of
+// a cluster), every thread. The publish kernel of selector.py did this as a second launch after the selection
+// (~4.5 us at one row on 2 x H200, session 17); here the peer stores start as soon as the row's keys are final.
+// Out of line: the selection's registers stay as they were without it.
+// (The fields come by value: a reference to the kernel's parameters would copy them to the stack.)
+__device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, int64_t inbox, int K, int max_rows,
+                                         int n, int W, int rank, int t, const int64_t* out) {
+  const int tid = threadIdx.x;
+  const int64_t e = state[1 + t] + 1;  // this row's epoch: the only writer is this CTA (or the publish kernel,
+                                          // earlier or later on the stream)
+  // every thread's load of the epoch, and every thread's stores of the keys, before the epoch's store and the
+  // keys' loads below (bar.sync orders the CTA's memory operations)
+  __syncthreads();
+  if (tid == 0) state[1 + t] = e;
+  const int64_t slot = e & 1;
+  for (int i = tid; i < K; i += kThreads) {
+    const int64_t v = i < n ? out[i] : -1;
+    for (int d = 0; d < W; ++d)
+      if (d != rank)
+        reinterpret_cast<int64_t*>(peers[d])[inbox + ((slot * W + rank) * max_rows + t) * K + i] = v;
+  }
+  __syncthreads();  // every thread's inbox stores before the flags' release (common.cuh: st_release_sys)
+  if (tid < W && tid != rank)
+    peerdcp::st_release_sys(reinterpret_cast<int64_t*>(peers[tid]) + (slot * W + rank) * max_rows + t, e);
+}
+
 // CLUSTER: launched with a.C > 1 CTAs per row in clusters of a.C (a separate instance: the cluster steps' registers
-// stay out of the one-CTA kernel, which runs at the 64 registers a 1024-thread CTA allows).
-template <bool CLUSTER>
+// stay out of the one-CTA kernel, which runs at the 64 registers a 1024-thread CTA allows). PUBLISH: a.peers is
+// set (separate instances too: with the publish call in the one kernel, the selection alone ran up to 1 % slower -
+// register allocation - session 26, call 2).
+template <bool CLUSTER, bool PUBLISH>
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
   __shared__ Shared sh;
   const int t = blockIdx.x / a.C;  // a cluster of C consecutive CTAs per row
@@ -793,6 +831,7 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
     select_row<true, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
   else
     select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
+  if (PUBLISH && c == 0) publish_row(a.peers, a.state, a.inbox, a.K, a.max_rows, a.n, a.W, a.rank, t, out);  // (CTA 0 stored the row; the others returned)
 }
 
 // A launch of `grid` CTAs of kThreads in clusters of `ctas` (attr: storage for the one attribute).
@@ -813,13 +852,17 @@ cudaLaunchConfig_t cluster_config(cudaLaunchAttribute* attr, int ctas, unsigned 
 }  // namespace
 
 // Local canonical candidates of T rows into out [T, n] (contiguous int64), n = min(topk, Lmax) in [1, kMaxN], by
-// `ctas` (1 to kMaxCluster) CTAs per row (more than one: a thread-block cluster per row). Returns a CUDA error code
-// (0 = launched).
+// `ctas` (1 to kMaxCluster) CTAs per row (more than one: a thread-block cluster per row); with `peers` (not null)
+// each row is then published to the direct Top-K's peers (SelectParams::peers; T <= max_rows, n <= K). Returns a
+// CUDA error code (0 = launched).
 extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t logits_stride, const void* seq_lens,
                                    int lens64, int Lmax, int n, int T, int rank, int W, int I, int64_t force_first,
-                                   int64_t force_last, int radix_only, int ctas, cudaStream_t stream) {
+                                   int64_t force_last, int radix_only, int ctas, const int64_t* peers,
+                                   int64_t* state, int64_t inbox, int K, int max_rows, cudaStream_t stream) {
   if (n < 1 || n > kMaxN || Lmax < 1 || T < 0 || W < 1 || I < 1 || rank < 0 || rank >= W || ctas < 1 ||
       ctas > kMaxCluster)
+    return static_cast<int>(cudaErrorInvalidValue);
+  if (peers != nullptr && (state == nullptr || K < n || T > max_rows || inbox < 2LL * W * max_rows || W > kThreads))
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
   SelectParams a;
@@ -827,13 +870,15 @@ extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t lo
   a.Lmax = Lmax, a.n = n, a.rank = rank, a.W = W, a.I = I, a.force_first = force_first, a.force_last = force_last;
   a.radix_only = radix_only;
   a.C = ctas;
+  a.peers = peers, a.state = state, a.inbox = inbox, a.K = K, a.max_rows = max_rows;
+  const bool pub = peers != nullptr;
   if (ctas == 1) {
-    topk_select_kernel<false><<<T, kThreads, 0, stream>>>(a);
+    (pub ? topk_select_kernel<false, true> : topk_select_kernel<false, false>)<<<T, kThreads, 0, stream>>>(a);
     return static_cast<int>(cudaGetLastError());
   }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, static_cast<unsigned>(T) * ctas, stream);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, topk_select_kernel<true>, a);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, pub ? topk_select_kernel<true, true> : topk_select_kernel<true, false>, a);
   return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }
 
@@ -844,7 +889,7 @@ extern "C" int peerdcp_topk_select_max_clusters(int ctas) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, ctas, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, topk_select_kernel<true>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, topk_select_kernel<true, false>, &cfg) != cudaSuccess) {
     cudaGetLastError();  // clear it: the caller falls back to one CTA per row
     return -1;
   }

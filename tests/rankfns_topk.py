@@ -13,6 +13,7 @@ import hashlib
 import os
 import random
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -164,9 +165,15 @@ def back_to_back(
     memory: str = "host",
     device: str = "cpu",
     merge_impl: str = "auto",
+    mix_paths: bool = False,
 ) -> dict:
     """``n`` selections with changing inputs and row counts, no barrier, random per-rank delays; every
-    result is kept and checked only at the end (so ranks race through the parity slots)."""
+    result is kept and checked only at the end (so ranks race through the parity slots). ``mix_paths``: each
+    rank picks, per call and independently of the others, ``select()`` with the publish in the selection kernel
+    (the GPU default), ``select()`` with the publish kernel (``select_publish`` off), or ``local_candidates()``
+    then ``merge()``."""
+    from peerdcp.topk import ops
+
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(device)
     rng = random.Random(seed * 31 + r)  # per-rank delays: the ranks drift apart
@@ -178,7 +185,14 @@ def back_to_back(
             lens = torch.tensor([plan.choice((0, 1, K - 1, K, 3 * K, 7 * K + 3)) for _ in range(T)])
             gl = tie_logits(T, max(int(lens.max()), 1), seed + i, nan_frac=0.1)
             local = shard(gl, lens, r, W, I, plan.randint(0, 2), seed + i).to(dev)
-            results.append(tk.select(local, lens.to(dev)))
+            path = rng.randrange(3) if mix_paths else 0
+            if path == 0:
+                results.append(tk.select(local, lens.to(dev)))
+            elif path == 1:
+                with mock.patch.dict(ops.TUNING, {"select_publish": False}):
+                    results.append(tk.select(local, lens.to(dev)))
+            else:
+                results.append(tk.merge(tk.local_candidates(local, lens.to(dev))))
             expects.append((gl, lens))
             if rng.random() < 0.3:
                 time.sleep(rng.random() * 0.02)

@@ -210,3 +210,73 @@ def test_gpu_select_rule_first_asked_inside_a_graph_capture():
     torch.cuda.synchronize()
     assert ops.select_ctas(T, torch.cuda.current_device()) > 1  # the replay ran a cluster per row
     assert torch.equal(out.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0))
+
+
+# ------------------------------------------------------------------------------- publish in the selection kernel
+def _fake_group_buffers(W: int, max_rows: int, K: int):
+    """Every rank's direct-Top-K buffer of one process, all on this GPU (flags, then the inbox, TopK's layout),
+    poisoned; their base addresses as ``peer_ptrs``."""
+    inbox = -(-2 * W * max_rows // 32) * 32
+    bufs = [
+        torch.full((inbox + 2 * W * max_rows * K,), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
+        for _ in range(W)
+    ]
+    return bufs, torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device="cuda"), inbox
+
+
+@pytest.mark.parametrize("ctas", [1, 3])
+@pytest.mark.parametrize("W,rank,k,L", [(2, 1, 2048, 30000), (4, 2, 2048, 3000), (8, 0, 100, 5000), (2, 0, 7, 5)])
+def test_gpu_select_publish_equals_publish_kernel(ctas, W, rank, k, L):
+    """``ops.select(..., publish=...)`` leaves every peer's inbox and flags and the local epochs exactly as
+    ``ops.select`` followed by the publish kernel does (TopK.merge's path), over three calls (both parity slots, a
+    slot rewritten), rows with fewer than k valid keys (the -1 padding to K), one CTA per row and a cluster of 3;
+    the rank's own buffer is left alone. No peer GPU is needed: every "rank's" buffer is local."""
+    from peerdcp.topk.kernels import _publish_kernel
+
+    T, max_rows = 5, 6
+    seed = W * 1000 + k + L
+    n = min(k, L)
+    runs = {}
+    for fused in (False, True):
+        bufs, peer_ptrs, inbox = _fake_group_buffers(W, max_rows, k)
+        state = torch.zeros(1 + max_rows, dtype=torch.int64, device="cuda")
+        pub = ops.Publish(peer_ptrs, state, inbox, k, max_rows)
+        keys = []
+        for call in range(3):
+            gc = torch.Generator().manual_seed(seed + call)  # the same inputs for both paths
+            x = torch.randn(T, L, generator=gc).cuda()
+            lens = torch.randint(0, L * W + 1, (T,), generator=gc)
+            lens[0], lens[1] = L * W, 3  # a full row and one of fewer than k valid keys
+            out = torch.full((T, n), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
+            args = dict(rank=rank, world_size=W, interleave=1, force_first=0, force_last=0)
+            with mock.patch.dict(ops.TUNING, {"select_ctas": ctas}):
+                if fused:
+                    ops.select(out, x, lens.cuda(), publish=pub, **args)
+                else:
+                    ops.select(out, x, lens.cuda(), **args)
+                    _publish_kernel[(T,)](
+                        out, out.stride(0), n, out, peer_ptrs, state, rank, max_rows, inbox,
+                        W=W, K=k, BLOCK=min(1 << (k - 1).bit_length(), 1024), FILL=False, GPU=True,
+                    )  # fmt: skip
+            torch.cuda.synchronize()
+            assert torch.equal(out.cpu(), _reference(x.cpu(), lens, k, rank, W, 1, 0, 0)), (fused, call)
+            keys.append(out.cpu())
+        runs[fused] = ([b.cpu() for b in bufs], state.cpu(), keys)
+        assert state.cpu().tolist() == [0] + [3] * T + [0] * (max_rows - T)
+        assert torch.all(bufs[rank].cpu() == 0x5A5A5A5A5A5A5A5A)  # nothing to itself
+    (b0, s0, k0), (b1, s1, k1) = runs[False], runs[True]
+    assert torch.equal(s0, s1)
+    for a, b in zip(k0, k1):
+        assert torch.equal(a, b)
+    for d in range(W):
+        assert torch.equal(b0[d], b1[d]), d
+    # and the contents are what the protocol says: slot 1 (epoch 3) holds the last call's keys padded to K
+    last = torch.full((T, k), -1, dtype=torch.int64)
+    last[:, :n] = k1[2]
+    for d in range(W):
+        if d == rank:
+            continue
+        flags = b1[d][: 2 * W * max_rows].view(2, W, max_rows)
+        assert flags[1, rank, :T].tolist() == [3] * T and flags[0, rank, :T].tolist() == [2] * T, d
+        box = b1[d][inbox : inbox + 2 * W * max_rows * k].view(2, W, max_rows, k)
+        assert torch.equal(box[1, rank, :T], last), d

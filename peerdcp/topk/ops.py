@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,7 @@ __all__ = [
     "load",
     "max_keys",
     "max_select_clusters",
+    "Publish",
     "merge",
     "score",
     "score_resident",
@@ -39,13 +41,15 @@ __all__ = [
 #: n = min(topk, L) is at most :func:`select_max_n`; "torch" always takes the Triton keys kernel + ``torch.topk``.
 #: ``select_radix_only``: the CUDA selection skips its threshold estimate (tests and diagnosis of the exact path).
 #: ``select_ctas``: CTAs per row of the CUDA selection, 1 to :data:`MAX_SELECT_CTAS` (0: the rule of
-#: :func:`select_ctas`).
+#: :func:`select_ctas`). ``select_publish``: ``TopK.select``'s direct path publishes each row from the selection
+#: kernel (:class:`Publish`) instead of a separate publish kernel after it.
 TUNING = {
     "cuda_merge_ctas_per_row": 0,
     "cuda_merge_place_all_ctas": 0,
     "local_select": "auto",
     "select_radix_only": False,
     "select_ctas": 0,
+    "select_publish": True,
 }
 #: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk_select.cu: the portable cluster size)
 MAX_SELECT_CTAS = 8
@@ -95,7 +99,9 @@ def load() -> ctypes.CDLL:
     lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
     lib.peerdcp_topk_select.restype = ctypes.c_int
     lib.peerdcp_topk_select.argtypes = [
-        _vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _i32, _i32, _vp
+        _vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
+        _vp, _vp, _i64, _i32, _i32,  # publish: peers, state, inbox word, K, max_rows (peers null: none)
+        _vp,  # stream
     ]  # fmt: skip
     lib.peerdcp_topk_select_max_clusters.restype = ctypes.c_int
     lib.peerdcp_topk_select_max_clusters.argtypes = [ctypes.c_int]
@@ -233,6 +239,19 @@ def select_ctas(rows: int, device: int, length: int | None = None) -> int:
     return 1
 
 
+class Publish(NamedTuple):
+    """The direct Top-K's publish step, run by :func:`select` after each row (``selector.py`` has the protocol):
+    ``peers`` ``int64 [W]`` every rank's buffer base address (device tensor), ``state`` ``int64 [1 + max_rows]``
+    (``[aborted, epoch of row 0, ...]``, local), ``inbox`` the inbox's word offset in a buffer, ``topk`` its row
+    length K (>= the selection's n), ``max_rows`` its rows (>= T)."""
+
+    peers: torch.Tensor
+    state: torch.Tensor
+    inbox: int
+    topk: int
+    max_rows: int
+
+
 def select(
     out: torch.Tensor,
     logits: torch.Tensor,
@@ -243,12 +262,14 @@ def select(
     interleave: int,
     force_first: int,
     force_last: int,
+    publish: Publish | None = None,
 ) -> None:
     """This rank's canonical candidates of every row: ``out [T, n]`` int64 (contiguous, n = min(topk, L) <=
     :func:`select_max_n`) = the n largest canonical keys of row t's local scores ``logits [T, L]`` fp32 (rows
     contiguous), descending, -1 past the row's valid keys - what ``selector._local_keys`` returns, bit for bit.
     ``seq_lens [T]`` int32/int64 global lengths. :func:`select_ctas` CTAs per row (a thread-block cluster when more
-    than one). The caller validated shapes; a launch error raises RuntimeError."""
+    than one). With ``publish``, each row is also published to the direct Top-K's peers (the publish kernel's work).
+    The caller validated shapes; a launch error raises RuntimeError."""
     T, L = logits.shape
     stream = current_stream_handle(out.device)
     dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
@@ -268,6 +289,11 @@ def select(
         force_last,
         int(bool(TUNING["select_radix_only"])),
         select_ctas(T, dev, L),
+        *(
+            (None, None, 0, 0, 0)
+            if publish is None
+            else (publish.peers.data_ptr(), publish.state.data_ptr(), publish.inbox, publish.topk, publish.max_rows)
+        ),
         stream,
     )
     if rc != 0:

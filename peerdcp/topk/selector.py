@@ -26,11 +26,16 @@ so back-to-back calls and CUDA-graph replays need no host synchronization and no
    binary-search the inbox (loads bypass L1) and scatter the ids. A wait that times out writes the error
    word and the program skips the data; the next call (or ``check()``) raises ``PeerTimeoutError``.
 
+``select()`` on a GPU (the CUDA selection and merge, ``ops.TUNING["select_publish"]``) runs step 1 inside the
+selection kernel: the CTA that stored row t's candidates publishes them right after (``publish_row`` in
+``csrc/topk_select.cu``; the -1 pre-fill is the Triton merge's only), one launch less. ``merge()`` called
+alone always launches the publish kernel. Both advance the same epochs, so the two paths mix freely.
+
 Publishing and waiting are separate kernels, so no program ever waits for work of its own GPU that is
-not yet scheduled (the publish kernel never waits).
+not yet scheduled (neither the publish kernel nor the selection kernel ever waits).
 
 Why two parity slots suffice: rank r overwrites row t of slot ``e % 2`` in peer p's inbox at row epoch
-e+2, in a publish kernel that follows (stream order) its merge kernel of row epoch e+1; that merge waited
+e+2, in a publish (or selection) kernel that follows (stream order) its merge kernel of row epoch e+1; that merge waited
 for p's flag of row epoch e+1, which p's publish kernel released after p's merge kernel of row epoch e -
 the only reader of that inbox row - completed (stream order on p). The same chain shows a flag is never
 overwritten with e+2 before it was read as e.
@@ -123,13 +128,14 @@ def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
     return not _SELECT_UNAVAILABLE[idx] and n <= ops.select_max_n()
 
 
-def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last) -> torch.Tensor:
+def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last, publish=None) -> torch.Tensor:
     """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail.
 
     On a GPU, ``csrc/topk_select.cu`` computes the keys from the scores and selects them in one kernel (radix
     select + shared-memory sort; one CTA per row, or a cluster of up to 8 per row at few rows) for n = min(k, L)
     <= 2048; otherwise (and in the interpreter) the Triton ``_keys_kernel`` writes every key and ``torch.topk`` /
-    ``torch.sort`` picks them. Same output."""
+    ``torch.sort`` picks them. Same output. ``publish`` (an ``ops.Publish``; only where :func:`_cuda_select_ok`):
+    the selection kernel also publishes each row to the direct Top-K's peers."""
     T, L = local_logits.shape
     dev = local_logits.device
     if L == 0:
@@ -148,8 +154,11 @@ def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last) 
             interleave=I,
             force_first=force_first,
             force_last=force_last,
+            publish=publish,
         )
         return out
+    if publish is not None:
+        raise RuntimeError("_local_keys: publish needs the CUDA selection")  # (the caller checks first)
     keys = torch.empty(T, L, dtype=torch.int64, device=dev)
     BLOCK = 1024 if dev.type == "cuda" else min(triton.next_power_of_2(L), 1 << 16)
     _keys_kernel[(T, triton.cdiv(L, BLOCK))](
@@ -425,11 +434,32 @@ class TopK:
     ) -> torch.Tensor:
         """Stage 1 of :meth:`select`: this rank's canonical candidates, ``int64 [T, min(topk, L)]`` packed
         keys (descending, -1 tail; at least one column). No communication."""
+        return self._candidates(local_logits, seq_lens, force_first, force_last, publish=False)[0]
+
+    def _candidates(
+        self, local_logits: torch.Tensor, seq_lens: torch.Tensor, force_first: int, force_last: int, *, publish: bool
+    ) -> tuple[torch.Tensor, bool]:
+        """:meth:`local_candidates`, and whether the selection kernel also published them to the peers (asked by
+        ``publish`` and possible: direct, ``T <= max_rows``, the CUDA selection and merge; else the caller's
+        :meth:`merge` publishes)."""
         self._ready("local_candidates")
-        _, L = _check_logits_and_lens("TopK.select", local_logits, seq_lens, self.device)
+        T, L = _check_logits_and_lens("TopK.select", local_logits, seq_lens, self.device)
         _check_force("TopK.select", force_first, force_last)
         _check_lengths_on_host("TopK.select", seq_lens, L, self.rank, self.world_size, self.interleave)
-        return _local_keys(
+        pub = None
+        if (
+            publish
+            and self._buf is not None
+            and 0 < T <= self.max_rows
+            and self.merge_impl == "cuda"
+            and L > 0
+            and _cuda_select_ok(self.device, min(self.topk, L), L)
+        ):
+            from . import ops
+
+            if ops.TUNING["select_publish"]:
+                pub = ops.Publish(self._buf.peer_ptrs, self._state, self._inbox_word, self.topk, self.max_rows)
+        keys = _local_keys(
             local_logits,
             seq_lens,
             self.topk,
@@ -438,7 +468,9 @@ class TopK:
             self.interleave,
             force_first,
             force_last,
+            publish=pub,
         )
+        return keys, pub is not None
 
     def merge(self, keys: torch.Tensor) -> torch.Tensor:
         """Stage 2 of :meth:`select`: exchange every rank's candidates and merge them.
@@ -596,8 +628,12 @@ class TopK:
             ``[T, topk]`` int32 global ids in canonical order (score desc, id asc, NaN lowest, -0 == +0),
             -1 padded; identical on every rank. Every rank must call with the same T and arguments.
         """
-        keys = self.local_candidates(local_logits, seq_lens, force_first=force_first, force_last=force_last)
-        return self.merge(keys)
+        keys, published = self._candidates(local_logits, seq_lens, force_first, force_last, publish=True)
+        if not published:
+            return self.merge(keys)
+        out = torch.empty(keys.shape[0], self.topk, dtype=torch.int32, device=self.device)
+        self._merge_inbox(keys, out)  # (the selection kernel did _publish's work)
+        return out
 
     def owned(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's part of a selection (for sparse attention over the local KV shard).

@@ -48,6 +48,13 @@ __device__ __forceinline__ int64_t ld_acquire_sys(const int64_t* p) {
   return v;
 }
 
+// Programmatic dependent launch (PTX ISA 7.8, sm_90). griddep_wait returns once the grid before this one on the
+// stream has completed and its memory is visible (at once when this grid was not launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization); griddep_launch_dependents lets the next such grid launch
+// (it launches once every CTA of this grid did so or exited).
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

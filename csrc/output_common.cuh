@@ -100,18 +100,14 @@ inline OutputKernelParams derive_params(const OutputDirectParams& p) {
   return q;
 }
 
-// griddepcontrol (PTX ISA 7.8, sm_90): programmatic dependent launch.
-__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
-
 // With PDL (kVarPdl), the first thing every CTA does: griddepcontrol.wait returns once the preceding grid
 // (the previous call) has completed and its memory is visible, before any load or store here; then allow
 // the next PDL launch to be staged.
 template <int kVar>
 __device__ __forceinline__ void pdl_enter() {
   if constexpr ((kVar & kVarPdl) != 0) {
-    griddep_wait();
-    griddep_launch_dependents();
+    peerdcp::griddep_wait();
+    peerdcp::griddep_launch_dependents();
   }
 }
 

@@ -232,8 +232,8 @@ __device__ __forceinline__ void* out_row(const Params& a, int t, int widened_hea
 // p + k * nprog too, thread k each (its own load and store: no other thread or block of this call touches that
 // counter), so every counter still counts every call. A whole-grid launch: thread 0, counter p, as before.
 __device__ __forceinline__ void enter_call(const Params& a, int p, int64_t* e_sh) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
+  peerdcp::griddep_wait();
+  peerdcp::griddep_launch_dependents();
 #pragma unroll 1
   for (int q = p + (int)threadIdx.x * a.nprog; q < a.ncnt; q += (int)blockDim.x * a.nprog) {
     const int64_t e = a.epochs[q] + 1;

@@ -68,6 +68,9 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
   __shared__ int lo_sh[kMaxW], hi_sh[kMaxW], hits_sh[kMaxW];  // the cut-off search; after it lo_sh[b] = c_b
   const int t = blockIdx.x, s = blockIdx.y, S = gridDim.y, tid = threadIdx.x, W = a.W, K = a.K;
   int32_t* out = a.out + static_cast<int64_t>(t) * K;
+  // launched with PDL (TopK.select after the selection kernel published the rows): nothing of the selection's -
+  // the epochs, the own keys - is read before it completed; without PDL this returns at once
+  peerdcp::griddep_wait();
   int slot = 0;
   if (tid == 0) ok_sh = 1;
   __syncthreads();
@@ -171,7 +174,7 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
                                   const int64_t* lists, int64_t slot_stride, int64_t list_stride,
                                   int64_t row_stride, int list_len, const int64_t* flags, int64_t* state, void* err,
                                   int64_t timeout_ns, int rank, int W, int K, int T, int max_rows, int mech,
-                                  int direct, int ctas_per_row, int place_all, cudaStream_t stream) {
+                                  int direct, int ctas_per_row, int place_all, int pdl, cudaStream_t stream) {
   if (W < 1 || W > kMaxW || K < 1 || T < 0 || ctas_per_row < 1 || ctas_per_row > 65535)
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
@@ -184,8 +187,20 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
   // More than 48 KiB of dynamic shared memory needs the opt-in that peerdcp_topk_merge_max_keys made for
   // this device (it is not done here: a CUDA graph may be capturing this launch).
   const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);
-  topk_merge_kernel<<<dim3(T, ctas_per_row), kThreads, smem, stream>>>(a);
-  return static_cast<int>(cudaGetLastError());
+  // pdl: programmatic dependent launch - the CTAs may start while the previous kernel on the stream (the selection
+  // kernel, which lets them launch as its CTAs start) still runs, and wait for it in griddep_wait
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(T, ctas_per_row);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, topk_merge_kernel, a);
+  return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }
 
 // Largest W * K (int64 keys) one CTA can stage on `device` (the host falls back to Triton above it), after

@@ -812,6 +812,9 @@ __device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, i
 template <bool CLUSTER, bool PUBLISH>
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
   __shared__ Shared sh;
+  // the merge kernel that follows TopK.select's publishing launch may start now (PDL): it waits for this grid's
+  // completion before it reads anything, so its launch and start overlap the selection instead of following it
+  if constexpr (PUBLISH) peerdcp::griddep_launch_dependents();
   const int t = blockIdx.x / a.C;  // a cluster of C consecutive CTAs per row
   const int64_t L = a.lens64 ? static_cast<const int64_t*>(a.seq_lens)[t] : static_cast<const int32_t*>(a.seq_lens)[t];
   // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width

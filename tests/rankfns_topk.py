@@ -166,12 +166,13 @@ def back_to_back(
     device: str = "cpu",
     merge_impl: str = "auto",
     mix_paths: bool = False,
+    merge_pdl: bool = False,
 ) -> dict:
     """``n`` selections with changing inputs and row counts, no barrier, random per-rank delays; every
     result is kept and checked only at the end (so ranks race through the parity slots). ``mix_paths``: each
     rank picks, per call and independently of the others, ``select()`` with the publish in the selection kernel
     (the GPU default), ``select()`` with the publish kernel (``select_publish`` off), or ``local_candidates()``
-    then ``merge()``."""
+    then ``merge()``. ``merge_pdl``: ``select()``'s merge kernel launches with PDL (``select_merge_pdl``)."""
     from peerdcp.topk import ops
 
     W, r = dist.get_world_size(), dist.get_rank()
@@ -179,7 +180,10 @@ def back_to_back(
     rng = random.Random(seed * 31 + r)  # per-rank delays: the ranks drift apart
     plan = random.Random(seed)  # shared plan: every rank makes the same calls
     results, expects = [], []
-    with peerdcp.TopK(max_rows=max_rows, topk=K, memory=memory, interleave=I, device=dev, merge_impl=merge_impl) as tk:
+    with (
+        peerdcp.TopK(max_rows=max_rows, topk=K, memory=memory, interleave=I, device=dev, merge_impl=merge_impl) as tk,
+        mock.patch.dict(ops.TUNING, {"select_merge_pdl": merge_pdl}),
+    ):
         for i in range(n):
             T = plan.randint(1, max_rows + 1)  # max_rows + 1 -> the allgather path, mixed in
             lens = torch.tensor([plan.choice((0, 1, K - 1, K, 3 * K, 7 * K + 3)) for _ in range(T)])

@@ -79,14 +79,17 @@ def test_gpu_back_to_back_without_barrier(pools, memory, merge):
     assert all(r["digests"] == res[0]["digests"] for r in res)
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("memory", MEMORIES)
-def test_gpu_back_to_back_mixed_publish_paths(pools, memory):
+def test_gpu_back_to_back_mixed_publish_paths(pools, memory, pdl):
     """The publish inside the selection kernel (``select()``), the publish kernel (``select_publish`` off) and
     ``local_candidates()`` + ``merge()``, chosen per call and per rank at random, advance the same row epochs:
-    200 back-to-back selections without a barrier, every one exact and the same on every rank."""
+    200 back-to-back selections without a barrier, every one exact and the same on every rank; with and without
+    ``select()``'s merge kernel launched by PDL."""
     res = pools(GPU_WORLD, GPU_BACKEND).run(
-        fns.back_to_back, 200, 64, 1, 8, 23, memory=memory, device="cuda", merge_impl="cuda", mix_paths=True
-    )
+        fns.back_to_back, 200, 64, 1, 8, 23, memory=memory, device="cuda", merge_impl="cuda", mix_paths=True,
+        merge_pdl=pdl,
+    )  # fmt: skip
     for r in res:
         assert all(r["ok"]), [i for i, x in enumerate(r["ok"]) if not x]
     assert all(r["digests"] == res[0]["digests"] for r in res)

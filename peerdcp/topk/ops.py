@@ -42,7 +42,11 @@ __all__ = [
 #: ``select_radix_only``: the CUDA selection skips its threshold estimate (tests and diagnosis of the exact path).
 #: ``select_ctas``: CTAs per row of the CUDA selection, 1 to :data:`MAX_SELECT_CTAS` (0: the rule of
 #: :func:`select_ctas`). ``select_publish``: ``TopK.select``'s direct path publishes each row from the selection
-#: kernel (:class:`Publish`) instead of a separate publish kernel after it.
+#: kernel (:class:`Publish`) instead of a separate publish kernel after it; ``select_merge_pdl``: its merge kernel
+#: then launches with programmatic dependent launch (:func:`merge`'s ``pdl``). Off: by one-GPU emulation
+#: (``scripts/diag/publish_fused.py --exchange``, session 26 call 4) it was 0.5-1.0 us faster at 1-8 rows, 3 us at
+#: 512, but 0.8-1.7 us slower at 32 rows and 5.7-9.4 us slower at 128 rows, for a reason not found; two GPUs have
+#: not run it.
 TUNING = {
     "cuda_merge_ctas_per_row": 0,
     "cuda_merge_place_all_ctas": 0,
@@ -50,6 +54,7 @@ TUNING = {
     "select_radix_only": False,
     "select_ctas": 0,
     "select_publish": True,
+    "select_merge_pdl": False,
 }
 #: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk_select.cu: the portable cluster size)
 MAX_SELECT_CTAS = 8
@@ -93,6 +98,7 @@ def load() -> ctypes.CDLL:
         _i32,  # rank, W, K, T, max_rows, mech, direct
         _i32,  # ctas_per_row
         _i32,  # place_all
+        _i32,  # pdl
         _vp,  # stream
     ]
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
@@ -168,11 +174,14 @@ def merge(
     max_rows: int = 0,
     mech: int = 0,
     direct: bool,
+    pdl: bool = False,
 ) -> None:
     """Launch the merge of row ``t`` of every list into ``out [T, topk]`` int32 (contiguous) for every t.
 
     Addresses are raw device addresses (ints); strides are in int64 elements (see the kernel's
-    ``MergeParams``). The caller validated shapes; a launch error raises RuntimeError.
+    ``MergeParams``). ``pdl``: launch with programmatic dependent launch (after a :func:`select` with
+    ``publish``, whose kernel lets it start early; the merge waits for that kernel's completion before it reads
+    anything). The caller validated shapes; a launch error raises RuntimeError.
     """
     T = out.shape[0]
     stream = current_stream_handle(out.device)
@@ -198,6 +207,7 @@ def merge(
         mech,
         int(direct),
         *grid(T, world_size, topk, out.device.index if out.device.index is not None else torch.cuda.current_device()),
+        int(pdl),
         stream,
     )
     if rc != 0:

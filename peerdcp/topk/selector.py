@@ -531,8 +531,9 @@ class TopK:
             GPU=gpu,
         )
 
-    def _merge_inbox(self, keys: torch.Tensor, out: torch.Tensor) -> None:
-        """Kernel 2: wait for the peers' flags of each row (this call's epoch), merge into ``out``."""
+    def _merge_inbox(self, keys: torch.Tensor, out: torch.Tensor, pdl: bool = False) -> None:
+        """Kernel 2: wait for the peers' flags of each row (this call's epoch), merge into ``out``. ``pdl``
+        (the CUDA merge right after a publishing selection kernel): launched with programmatic dependent launch."""
         buf, W, K = self._buf, self.world_size, self.topk
         T, n = keys.shape
         base = buf.peer_addrs[self.rank]
@@ -559,6 +560,7 @@ class TopK:
                 max_rows=self.max_rows,
                 mech=mechanism_code("topk"),
                 direct=True,
+                pdl=pdl,
             )
             return
         gpu = on_gpu(self.device)
@@ -632,7 +634,10 @@ class TopK:
         if not published:
             return self.merge(keys)
         out = torch.empty(keys.shape[0], self.topk, dtype=torch.int32, device=self.device)
-        self._merge_inbox(keys, out)  # (the selection kernel did _publish's work)
+        from . import ops
+
+        # (the selection kernel did _publish's work, and lets the merge kernel launch early)
+        self._merge_inbox(keys, out, pdl=bool(ops.TUNING["select_merge_pdl"]))
         return out
 
     def owned(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

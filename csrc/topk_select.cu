@@ -779,16 +779,16 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   trace(5);
 }
 
-// Publishes row t's stored keys out[0, a.n) (see SelectParams::peers). Called by the CTA that stored them (CTA 0 of
-// a cluster), every thread. The publish kernel of selector.py did this as a second launch after the selection
+// Publishes row t's stored keys out[0, n) (see SelectParams::peers). Called by the CTA that stored them (CTA 0 of a
+// cluster), every thread. The publish kernel of selector.py does this as a second launch after the selection
 // (~4.5 us at one row on 2 x H200, session 17); here the peer stores start as soon as the row's keys are final.
-// Out of line: the selection's registers stay as they were without it.
-// (The fields come by value: a reference to the kernel's parameters would copy them to the stack.)
+// Out of line, so the publishing instances' selection code is allocated as in the others; the fields come by
+// value (a reference to the kernel's parameters would copy them to the stack).
 __device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, int64_t inbox, int K, int max_rows,
                                          int n, int W, int rank, int t, const int64_t* out) {
   const int tid = threadIdx.x;
-  const int64_t e = state[1 + t] + 1;  // this row's epoch: the only writer is this CTA (or the publish kernel,
-                                          // earlier or later on the stream)
+  // this row's epoch; its only writers are this CTA and the publish kernel (merge() alone), in stream order
+  const int64_t e = state[1 + t] + 1;
   // every thread's load of the epoch, and every thread's stores of the keys, before the epoch's store and the
   // keys' loads below (bar.sync orders the CTA's memory operations)
   __syncthreads();
@@ -834,7 +834,8 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
     select_row<true, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
   else
     select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
-  if (PUBLISH && c == 0) publish_row(a.peers, a.state, a.inbox, a.K, a.max_rows, a.n, a.W, a.rank, t, out);  // (CTA 0 stored the row; the others returned)
+  // (CTA 0 stored the row; the cluster's other CTAs returned from select_row after the funnel)
+  if (PUBLISH && c == 0) publish_row(a.peers, a.state, a.inbox, a.K, a.max_rows, a.n, a.W, a.rank, t, out);
 }
 
 // A launch of `grid` CTAs of kThreads in clusters of `ctas` (attr: storage for the one attribute).
@@ -881,7 +882,8 @@ extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t lo
   }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, static_cast<unsigned>(T) * ctas, stream);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, pub ? topk_select_kernel<true, true> : topk_select_kernel<true, false>, a);
+  const cudaError_t e =
+      cudaLaunchKernelEx(&cfg, pub ? topk_select_kernel<true, true> : topk_select_kernel<true, false>, a);
   return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }
 

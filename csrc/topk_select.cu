@@ -12,7 +12,8 @@
 // One CTA per row, or at few rows a thread-block cluster of C <= 8 CTAs per row (each reads a slice of the row;
 // ops.select_ctas picks C from CUDA's cluster occupancy), computing keys on the fly from the scores (no key array
 // in global memory):
-//   1. Rows of more than kBuf valid keys: thresholds estimated from the score parts of 2048 evenly spaced rows
+//   1. Rows of more than kBuf valid keys: thresholds estimated from the score parts of 2048 evenly spaced rows (one
+//      CTA per row: 4096 above 64K rows)
 //      (about n + (kBuf - n) * f / 16 of the row's keys at or above them; sample_thresholds finds the samples of
 //      those ranks through a histogram of the samples, not a sort), then one pass gathers
 //      every key >= the middle threshold into shared memory; too many (> kBuf) or too few (< n) keys retry with
@@ -418,12 +419,16 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
 // took ~4.5 us, session 24). Every key of that score part or above passes the threshold: without the id part it
 // cannot split tied scores, which only the radix select's fallback then costs. buf: kBins x 4 bytes of scratch.
 // Every thread of the CTA calls it (it synchronizes); every CTA of a cluster computes the same thresholds.
-constexpr int kSamples = 2 * kThreads;
+// R samples per thread (kSamples = R * kThreads): the count at a threshold of rank q among the samples has a relative
+// spread of about 1 / sqrt(q), so long rows need more samples for the same odds of a second gather pass (see
+// select_row's choice of R).
+template <int R>
 __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared& sh, uint32_t* bmin) {
+  constexpr int kSamples = R * kThreads;
   const int tid = threadIdx.x;
-  uint32_t o[2];
+  uint32_t o[R];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < R; ++r) {
     const int l = static_cast<int>(static_cast<int64_t>(r * kThreads + tid) * row.nloc / kSamples);
     o[r] = row.ordered(__ldg(row.x + l), l);
   }
@@ -431,14 +436,14 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
   for (int i = tid; i < kBins; i += kThreads) sh.hist[i] = 0, bmin[i] = ~0u;
   unsigned mn = ~0u, mx = 0;
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < R; ++r)
     if (o[r] > kOrderedNegInf && o[r] < kOrderedPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
   block_min_max<unsigned>(mn, mx, &sh.smin, &sh.smax);
   // no finite sample: one range over every score part (the scores' range is then not finite: by the values)
   const bool finite = sh.smin <= sh.smax;
   const BucketMap<uint32_t, 0> bucket(finite ? sh.smin : 0u, finite ? sh.smax : ~0u);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < R; ++r) {
     const int b = bucket(o[r]);
     atomicAdd(&sh.hist[b], 1);
     atomicMin(&bmin[b], o[r]);
@@ -634,7 +639,17 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     if (!radix_only) {
       // thresholds for expected counts n + (kBuf - n) * f / 16, f = kFrac: the middle one first, then a higher
       // threshold after too many keys, a lower one after too few, each one more gather pass
-      sample_thresholds(row, n, sh, reinterpret_cast<uint32_t*>(buf));
+      // One CTA per row (many rows, where the slowest row sets the kernel's time): 4096 samples on rows of more than
+      // 64K. With 2048 a row of 128K normal scores missed the middle threshold's window [n, kBuf] about 2 % of the
+      // time (numpy, session 26: a second pass over the row), so at 128 rows some row nearly always did; with 4096,
+      // 0.15 %; 64K rows with 2048, 0.05 %. Session 26 call 7 (128 rows, one CTA each): 128K 74.5 -> 51.2 us; 4096
+      // samples on 64K rows too cost more than they saved (33.0 -> 35.1 us), 8192 on 128K rows spilled (59.6 us).
+      // A cluster's CTAs read slices of the row, where a second pass is short: 2048 there.
+      uint32_t* scratch = reinterpret_cast<uint32_t*>(buf);
+      if (!CLUSTER && nloc > 65536)
+        sample_thresholds<4>(row, n, sh, scratch);
+      else
+        sample_thresholds<2>(row, n, sh, scratch);
       trace(1);
       int t = kTries / 2, dir = 0;
       while (true) {

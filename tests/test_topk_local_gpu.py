@@ -117,6 +117,7 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("denormal", 3, 20000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("narrow", 2, 100000, 2048, 8, 5, 1, 0, 0, torch.int64),
     ("spiky", 2, 60000, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("spiky", 2, 131072, 2048, 1, 0, 1, 0, 0, torch.int64),  # one CTA: 4096 samples, every other one a spike
     ("ascending", 2, 50000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("outlier", 3, 30000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("lognormal", 3, 30000, 2048, 2, 1, 1, 0, 0, torch.int64),

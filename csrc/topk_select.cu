@@ -473,7 +473,7 @@ namespace cg = cooperative_groups;
 // (its rank in the cluster) reads only its slice [row.beg, row.end) of the row; every decision (the estimate's
 // thresholds from the same samples, the gathers' totals, the radix select's summed histograms) is the same in
 // every CTA of the cluster, so all of them take the same path through the same cluster barriers.
-template <bool VEC, bool CLUSTER>
+template <bool VEC, bool CLUSTER, bool WIDE>
 __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool radix_only, int ctas, int c) {
   const int C = CLUSTER ? ctas : 1;  // a constant 1 compiles every cluster step out of the one-CTA kernel
   int64_t* buf = sh.buf;
@@ -639,14 +639,16 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     if (!radix_only) {
       // thresholds for expected counts n + (kBuf - n) * f / 16, f = kFrac: the middle one first, then a higher
       // threshold after too many keys, a lower one after too few, each one more gather pass
-      // One CTA per row (many rows, where the slowest row sets the kernel's time): 4096 samples on rows of more than
-      // 64K. With 2048 a row of 128K normal scores missed the middle threshold's window [n, kBuf] about 2 % of the
-      // time (numpy, session 26: a second pass over the row), so at 128 rows some row nearly always did; with 4096,
-      // 0.15 %; 64K rows with 2048, 0.05 %. Session 26 call 7 (128 rows, one CTA each): 128K 74.5 -> 51.2 us; 4096
-      // samples on 64K rows too cost more than they saved (33.0 -> 35.1 us), 8192 on 128K rows spilled (59.6 us).
-      // A cluster's CTAs read slices of the row, where a second pass is short: 2048 there.
+      // One CTA per row, or a cluster of 2 (many rows, where the slowest row sets the kernel's time; WIDE): 4096
+      // samples on rows of more than 64K. With 2048 a row of 128K normal scores missed the middle threshold's window
+      // [n, kBuf] about 2 % of the time (numpy, session 26: a second pass over the row), so at 128 rows some row
+      // nearly always did; with 4096, 0.15 %; 64K rows with 2048, 0.05 %. Session 26 (calls 7-9): 128 rows of 128K,
+      // one CTA each, 74.5 -> 51.2 us, 32 rows in clusters of 2 40.4 -> 30.8; 4096 samples on 64K rows cost more
+      // than they saved (33.0 -> 35.1 us at 128 rows), 8192 on 128K rows spilled (59.6 us), and in clusters of 8 (8
+      // rows, each CTA's second pass short) they cost 1.6 us. WIDE is a separate cluster instance: the wider
+      // sampling compiled into the one cluster instance cost 0.2-0.3 us at one row of 16K-64K (code layout).
       uint32_t* scratch = reinterpret_cast<uint32_t*>(buf);
-      if (!CLUSTER && nloc > 65536)
+      if ((!CLUSTER || WIDE) && nloc > 65536)
         sample_thresholds<4>(row, n, sh, scratch);
       else
         sample_thresholds<2>(row, n, sh, scratch);
@@ -823,8 +825,9 @@ __device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, i
 // CLUSTER: launched with a.C > 1 CTAs per row in clusters of a.C (a separate instance: the cluster steps' registers
 // stay out of the one-CTA kernel, which runs at the 64 registers a 1024-thread CTA allows). PUBLISH: a.peers is
 // set (separate instances too: with the publish call in the one kernel, the selection alone ran up to 1 % slower -
-// register allocation - session 26, call 2).
-template <bool CLUSTER, bool PUBLISH>
+// register allocation - session 26, call 2). WIDE (clusters only): the estimate's wider sampling of long rows,
+// which one CTA per row always has (select_row).
+template <bool CLUSTER, bool PUBLISH, bool WIDE>
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
   __shared__ Shared sh;
   // the merge kernel that follows TopK.select's publishing launch may start now (PDL): it waits for this grid's
@@ -846,9 +849,9 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
                 a.rank, a.W, a.I, nloc, beg, end, a.force_first > 0 || a.force_last > 0};
   int64_t* out = a.out + static_cast<int64_t>(t) * a.n;
   if ((reinterpret_cast<uintptr_t>(a.logits) & 15) == 0 && (a.logits_stride & 3) == 0)
-    select_row<true, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
+    select_row<true, CLUSTER, WIDE>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
   else
-    select_row<false, CLUSTER>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
+    select_row<false, CLUSTER, WIDE>(row, a.n, out, sh, a.radix_only != 0, a.C, c);
   // (CTA 0 stored the row; the cluster's other CTAs returned from select_row after the funnel)
   if (PUBLISH && c == 0) publish_row(a.peers, a.state, a.inbox, a.K, a.max_rows, a.n, a.W, a.rank, t, out);
 }
@@ -892,13 +895,17 @@ extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t lo
   a.peers = peers, a.state = state, a.inbox = inbox, a.K = K, a.max_rows = max_rows;
   const bool pub = peers != nullptr;
   if (ctas == 1) {
-    (pub ? topk_select_kernel<false, true> : topk_select_kernel<false, false>)<<<T, kThreads, 0, stream>>>(a);
+    (pub ? topk_select_kernel<false, true, false> : topk_select_kernel<false, false, false>)<<<T, kThreads, 0, stream>>>(
+        a);
     return static_cast<int>(cudaGetLastError());
   }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, static_cast<unsigned>(T) * ctas, stream);
-  const cudaError_t e =
-      cudaLaunchKernelEx(&cfg, pub ? topk_select_kernel<true, true> : topk_select_kernel<true, false>, a);
+  // clusters of 2 (the most rows that still take clusters) over rows that may exceed 64K: the WIDE instances
+  const bool wide = ctas <= 2 && Lmax > 65536;
+  const auto kernel = pub ? (wide ? topk_select_kernel<true, true, true> : topk_select_kernel<true, true, false>)
+                          : (wide ? topk_select_kernel<true, false, true> : topk_select_kernel<true, false, false>);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a);
   return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }
 
@@ -909,7 +916,7 @@ extern "C" int peerdcp_topk_select_max_clusters(int ctas) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(&attr, ctas, ctas, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, topk_select_kernel<true, false>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, topk_select_kernel<true, false, false>, &cfg) != cudaSuccess) {
     cudaGetLastError();  // clear it: the caller falls back to one CTA per row
     return -1;
   }

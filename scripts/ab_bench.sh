@@ -9,6 +9,7 @@
 #        AB_DIRS="head:.jitcache/v-head new:.jitcache/v-new" GREP='^ +[0-9]+ +[0-9]+ ' bash scripts/ab_bench.sh
 #            bench.topk --world 1 --no-merge --no-indexer --local --quick   (GREP: print only matching log lines)
 #        AB_DIR=ab/A bash scripts/ab_bench.sh scripts/diag/select_phases.py --ctas 8   (a script: no --out)
+#        then `python3 scripts/ab_local_table.py $OUT` for the local-selection logs side by side
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh

@@ -17,6 +17,8 @@ Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer
 * ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
 * ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge; on a GPU
   the selection kernel publishes the candidates itself, so no publish kernel runs there, unlike Part 1).
+  ``--publish-paths`` adds ``sh_pipe_kernel`` (the publish kernel instead: ``select_publish`` off) and
+  ``sh_pipe_pdl`` (the merge launched with PDL: ``select_merge_pdl`` on), timed in the same process.
   Targets: ``sh_score <= 1.1/W * rep_score``; index-K bytes per rank = 1/W of replicated.
 * ``empty``  - a one-program Triton kernel that stores one value, timed the same way: the per-call floor of
   any kernel in this harness, which both scans pay (with the bytes each reads, it bounds the ratio a
@@ -247,6 +249,18 @@ def indexer_rank(cfg: dict) -> list[dict]:
                         ("sh_pipe", sh_pipe),
                     ):
                         row[name] = _time(cfg, fn)
+                    if cfg.get("publish_paths"):  # TopK.select's other paths (RESULTS.md session 26)
+                        from peerdcp.topk import ops as topk_ops
+
+                        for name, tune in (
+                            ("sh_pipe_kernel", {"select_publish": False}),
+                            ("sh_pipe_pdl", {"select_merge_pdl": True}),
+                        ):
+                            with mock.patch.dict(topk_ops.TUNING, tune):
+                                row["exact"] = row["exact"] and all(
+                                    torch.equal(rep_pipe(j), sh_pipe(j)) for j in range(nsets)
+                                )
+                                row[name] = _time(cfg, sh_pipe)
                     row["empty"] = empty
                     row["score_ratio"] = row["sh_score"] / row["rep_score"]
                     row["score_target"] = 1.1 / W
@@ -343,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --breakdown: also time the CUDA merge kernel alone at these CTAs per row (e.g. 1,2,4)",
     )
     p.add_argument(
+        "--publish-paths",
+        action="store_true",
+        help="part 2: also time sh_pipe with the publish kernel (sh_pipe_kernel: select_publish off) and with the "
+        "merge launched by PDL (sh_pipe_pdl: select_merge_pdl on), in the same process",
+    )
+    p.add_argument(
         "--cpu-smoke",
         action="store_true",
         help="check this script's code paths on CPU (gloo, Triton interpreter, tiny sizes); times mean nothing",
@@ -351,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_smoke:
         cfg = {"rows": [1, 3], "index_rows": [1, 2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
         cfg["breakdown"] = args.breakdown
+        cfg["publish_paths"] = args.publish_paths
         cfg.update(merge=not args.no_merge, local_rows=[1, 2], local_lengths=[3000] if args.local else [])
         cfg["local_force"] = args.local_force
         cfg.update(calls=2, eager=False, device="cpu")
@@ -371,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "eager": args.eager,
         "breakdown": args.breakdown,
         "merge_ctas": args.merge_ctas,
+        "publish_paths": args.publish_paths,
         "device": "cuda",
     }
     t0 = time.time()
@@ -415,6 +437,8 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
         print("\nIndexer pipeline (µs; score_ratio target <= score_target; bytes per rank)")
         cols = ["model", "ctx", "rows", "exact", "empty", "rep_score", "sh_score", "score_ratio", "score_target"]
         cols += ["rep_pipe", "sh_pipe", "pipe_speedup", "bytes_rep_MB", "bytes_sh_MB", "bytes_ratio"]
+        if cfg.get("publish_paths"):
+            cols[cols.index("pipe_speedup") : cols.index("pipe_speedup")] = ["sh_pipe_kernel", "sh_pipe_pdl"]
         print(_table(index, cols))
     if local:
         print(

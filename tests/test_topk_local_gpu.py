@@ -11,7 +11,7 @@ import torch
 
 from peerdcp.topk import ops
 from peerdcp.topk import reference as ref
-from peerdcp.topk.selector import _local_keys
+from peerdcp.topk.selector import _local_keys, buffer_layout
 
 pytestmark = pytest.mark.cuda
 
@@ -217,11 +217,8 @@ def test_gpu_select_rule_first_asked_inside_a_graph_capture():
 def _fake_group_buffers(W: int, max_rows: int, K: int):
     """Every rank's direct-Top-K buffer of one process, all on this GPU (flags, then the inbox, TopK's layout),
     poisoned; their base addresses as ``peer_ptrs``."""
-    inbox = -(-2 * W * max_rows // 32) * 32
-    bufs = [
-        torch.full((inbox + 2 * W * max_rows * K,), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
-        for _ in range(W)
-    ]
+    inbox, words = buffer_layout(W, max_rows, K)
+    bufs = [torch.full((words,), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda") for _ in range(W)]
     return bufs, torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device="cuda"), inbox
 
 

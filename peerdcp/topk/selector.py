@@ -128,20 +128,33 @@ def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
     return not _SELECT_UNAVAILABLE[idx] and n <= ops.select_max_n()
 
 
+def buffer_layout(W: int, max_rows: int, topk: int) -> tuple[int, int]:
+    """The direct protocol's per-rank buffer: (word offset of the inbox ``int64 [2, W, max_rows, topk]``, total
+    int64 words). Flags ``int64 [2, W, max_rows]`` first, the inbox 256-byte aligned after them."""
+    inbox = -(-2 * W * max_rows // 32) * 32
+    return inbox, inbox + 2 * W * max_rows * topk
+
+
+def _uses_cuda_select(device: torch.device, k: int, L: int) -> bool:
+    """Whether :func:`_local_keys` takes the CUDA selection (the only path that can publish) for top ``k`` of ``L``
+    local columns on ``device``."""
+    return L > 0 and _cuda_select_ok(device, min(k, L), L)
+
+
 def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last, publish=None) -> torch.Tensor:
     """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail.
 
     On a GPU, ``csrc/topk_select.cu`` computes the keys from the scores and selects them in one kernel (radix
     select + shared-memory sort; one CTA per row, or a cluster of up to 8 per row at few rows) for n = min(k, L)
     <= 2048; otherwise (and in the interpreter) the Triton ``_keys_kernel`` writes every key and ``torch.topk`` /
-    ``torch.sort`` picks them. Same output. ``publish`` (an ``ops.Publish``; only where :func:`_cuda_select_ok`):
+    ``torch.sort`` picks them. Same output. ``publish`` (an ``ops.Publish``; only where :func:`_uses_cuda_select`):
     the selection kernel also publishes each row to the direct Top-K's peers."""
     T, L = local_logits.shape
     dev = local_logits.device
     if L == 0:
         return torch.full((T, 1), -1, dtype=torch.int64, device=dev)
     n = min(k, L)
-    if _cuda_select_ok(dev, n, L):
+    if _uses_cuda_select(dev, k, L):
         from . import ops
 
         out = torch.empty(T, n, dtype=torch.int64, device=dev)
@@ -390,9 +403,8 @@ class TopK:
                 why = f"no peer memory on every rank ({e})"
         if kind is not None:
             W = self.world_size
-            self._inbox_word = -(-2 * W * max_rows // 32) * 32  # flags first, inbox 256-byte aligned
-            nbytes = 8 * (self._inbox_word + 2 * W * max_rows * topk)
-            self._buf = allocate(nbytes, info.group, memory=kind, device=dev)
+            self._inbox_word, words = buffer_layout(W, max_rows, topk)
+            self._buf = allocate(8 * words, info.group, memory=kind, device=dev)
             self.backend, self.memory = "direct", kind
             self.reason = f"direct over {kind} memory ({why}); rows > {max_rows} use allgather"
         else:
@@ -452,8 +464,7 @@ class TopK:
             and self._buf is not None
             and 0 < T <= self.max_rows
             and self.merge_impl == "cuda"
-            and L > 0
-            and _cuda_select_ok(self.device, min(self.topk, L), L)
+            and _uses_cuda_select(self.device, self.topk, L)
         ):
             from . import ops
 

@@ -66,11 +66,9 @@ def rank_main(args: dict) -> list[dict]:
                 nsets = 2
                 logits = [torch.randn(T, Lloc, generator=gen, device=dev) for _ in range(nsets)]
                 lens = torch.full((T,), Lloc * W, dtype=torch.int64, device=dev)  # rank 0 owns Lloc of them
-                inbox = -(-2 * W * T // 32) * 32
                 paths = {}
                 for path in ("two", "fused"):
-                    bufs = [torch.zeros(inbox + 2 * W * T * K, dtype=torch.int64, device=dev) for _ in range(W)]
-                    peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=dev)
+                    inbox, bufs, peers = _fake_buffers(W, T, dev)
                     state = torch.zeros(1 + T, dtype=torch.int64, device=dev)
                     outs = [torch.empty(T, K, dtype=torch.int64, device=dev) for _ in range(nsets)]
                     paths[path] = (bufs, peers, state, outs)
@@ -116,6 +114,16 @@ def rank_main(args: dict) -> list[dict]:
     return rows
 
 
+def _fake_buffers(W: int, T: int, dev: torch.device) -> tuple[int, list, torch.Tensor]:
+    """Every rank's direct-Top-K buffer for T rows, all on this GPU (TopK's layout), zeroed: (the inbox's word
+    offset, the buffers, their base addresses as ``peer_ptrs``)."""
+    from peerdcp.topk.selector import buffer_layout
+
+    inbox, words = buffer_layout(W, T, K)
+    bufs = [torch.zeros(words, dtype=torch.int64, device=dev) for _ in range(W)]
+    return inbox, bufs, torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=dev)
+
+
 def _exchange(W: int, T: int, logits: list, lens: torch.Tensor, nsets: int, dev: torch.device) -> dict:
     """Rank 0's whole direct exchange per call, after the fake peers 1..W-1 published their lists into its
     inbox (a publish kernel each, first on the stream, so rank 0's merge never waits): ``x_two`` - selection,
@@ -127,9 +135,7 @@ def _exchange(W: int, T: int, logits: list, lens: torch.Tensor, nsets: int, dev:
     from peerdcp.topk.kernels import _publish_kernel
 
     assert ops.max_keys(dev.index) >= W * K  # also opts the merge kernel in to the shared memory it needs
-    inbox = -(-2 * W * T // 32) * 32
-    bufs = [torch.zeros(inbox + 2 * W * T * K, dtype=torch.int64, device=dev) for _ in range(W)]
-    peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=dev)
+    inbox, bufs, peers = _fake_buffers(W, T, dev)
     states = [torch.zeros(1 + T, dtype=torch.int64, device=dev) for _ in range(W)]  # every call advances each once
     err = ErrorWord(dev, 10.0)
     base = dict(interleave=1, force_first=0, force_last=0)

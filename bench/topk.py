@@ -348,6 +348,18 @@ def main(argv: list[str] | None = None) -> int:
         help="part 3: force-include the first / last this many tokens of each sequence (scored +inf)",
     )
     p.add_argument(
+        "--local-rows",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="part 3: these row counts (default: 1,2,8,32,64,128; --quick 1,8,32,128)",
+    )
+    p.add_argument(
+        "--local-lengths",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="part 3: these local scores per row (default: 4K to 128K)",
+    )
+    p.add_argument(
         "--breakdown", action="store_true", help="also time the direct merge's publish and merge kernels alone"
     )
     p.add_argument(
@@ -381,9 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         "index_rows": [1, 32] if args.quick else [1, 8, 32, 64, 128],
         "contexts": [] if args.no_indexer else ([32768, 131072]),
         "merge": not args.no_merge,
-        "local_rows": [1, 8, 32, 128] if args.quick else [1, 2, 8, 32, 64, 128],
+        "local_rows": args.local_rows or ([1, 8, 32, 128] if args.quick else [1, 2, 8, 32, 64, 128]),
         "local_force": args.local_force,
-        "local_lengths": ([4096, 16384, 65536, 131072] if args.quick else [4096, 8192, 16384, 32768, 65536, 131072])
+        "local_lengths": (
+            args.local_lengths
+            or ([4096, 16384, 65536, 131072] if args.quick else [4096, 8192, 16384, 32768, 65536, 131072])
+        )
         if args.local
         else [],
         "iters": args.iters or (20 if args.quick else 100),

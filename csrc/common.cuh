@@ -55,6 +55,25 @@ __device__ __forceinline__ int64_t ld_acquire_sys(const int64_t* p) {
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
+// The configuration of a launch of `grid` x `block` threads with `smem` bytes of dynamic shared memory on `stream`,
+// with programmatic dependent launch when `pdl` (cudaLaunchAttributeProgrammaticStreamSerialization: the grid may
+// start while the previous kernel on the stream still runs, so it must griddep_wait before it reads anything that
+// kernel wrote; captured into a CUDA graph it becomes a programmatic edge). `attr` holds the attribute and must
+// outlive the cudaLaunchKernelEx call.
+inline cudaLaunchConfig_t launch_config(cudaLaunchAttribute* attr, dim3 grid, dim3 block, size_t smem,
+                                        cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cfg;
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -209,16 +209,8 @@ cudaError_t launch_one(void (*kernel)(const OutputKernelParams), int grid, const
     kernel<<<dim3(grid), dim3(kBlock), 0, stream>>>(p);
     return cudaSuccess;
   } else {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(kBlock);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = peerdcp::launch_config(&attr, dim3(grid), dim3(kBlock), 0, stream, true);
     return cudaLaunchKernelEx(&cfg, kernel, p);
   }
 }

@@ -189,16 +189,9 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
   const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);
   // pdl: programmatic dependent launch - the CTAs may start while the previous kernel on the stream (the selection
   // kernel, which lets them launch as its CTAs start) still runs, and wait for it in griddep_wait
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(T, ctas_per_row);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      peerdcp::launch_config(&attr, dim3(T, ctas_per_row), dim3(kThreads), smem, stream, pdl);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, topk_merge_kernel, a);
   return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }

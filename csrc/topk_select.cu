@@ -39,7 +39,9 @@
 // 24 (a bucket sort of 2048 keys ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us from the
 // kernel's start, their sort took ~4.5 more at 2048 samples) and 25 (bucket_top and the cluster's funnel into CTA
 // 0, replacing the radix trim + bucket sort and the per-CTA sorts + rank searches; the gather's two float compares
-// per score: one SM's pass over 128K scores ~27 us, was ~34 - bound by instructions per score, not by loads).
+// per score: one SM's pass over 128K scores ~27 us, was ~34 - bound by instructions per score, not by loads) and
+// 27 (the taken keys stored in one round per key instead of a block per score position: one CTA over one row of
+// 128K 39.6 -> 32.0 us, 128 rows of 128K 51.4 -> 43.4; bulk-copied steps in shared memory were slower everywhere).
 // One CTA per row, one row (session 18): the sample sort ~10 us, the final sort of <= 4096 keys ~17 us (before the
 // trim of step 4); a cluster of 8 splits the gathers 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8;
 // session 19, call 7; 18.3 us with 8 in session 25).
@@ -573,13 +575,19 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         int slot = 0;
         if (lane == 31) slot = atomicAdd(&sh.count, total);
         slot = __shfl_sync(0xffffffffu, slot, 31) + incl - cnt;
+        // one round per taken score of the lane that took the most (usually one): a block per score position ran
+        // each position's key code whenever any lane of the warp took that position - about half of all steps at
+        // every position, ~45 % of the kernel's instructions at one row of 128K (ncu, session 27 call 4). The key
+        // is row.key's without forced tokens (this path has none); the keys land in the same slots as before.
+        while (take != 0) {
+          const int e = __ffs(static_cast<int>(take)) - 1;
+          take &= take - 1;
+          float s = v[0];
 #pragma unroll
-        for (int e = 0; e < kPerStep; ++e) {
-          if ((take >> e) & 1u) {
-            const int l = row_of<VEC>(base, e);
-            if (slot < kBuf) buf[slot] = (static_cast<int64_t>(row.ordered(v[e], l)) << 31) | row.id_part(l);
-            ++slot;
-          }
+          for (int k = 1; k < kPerStep; ++k) s = e == k ? v[k] : s;
+          const int l = row_of<VEC>(base, e);
+          if (slot < kBuf) buf[slot] = (static_cast<int64_t>(ordered_bits(__float_as_uint(s))) << 31) | row.id_part(l);
+          ++slot;
         }
         continue;
       }

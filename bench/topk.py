@@ -333,6 +333,11 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return format_table(rows, cols)
 
 
+def _int_list(v: str) -> list[int]:
+    """A comma-separated list of ints (an argparse ``type``)."""
+    return [int(x) for x in v.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.topk", description=__doc__.split("\n\n")[0])
     add_common_args(p)
@@ -342,20 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local", action="store_true", help="add part 3 (the local candidate stage alone)")
     p.add_argument(
         "--local-force",
-        type=lambda v: tuple(int(x) for x in v.split(",")),
+        type=lambda v: tuple(_int_list(v)),
         default=(0, 0),
         metavar="FIRST,LAST",
         help="part 3: force-include the first / last this many tokens of each sequence (scored +inf)",
     )
     p.add_argument(
         "--local-rows",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=_int_list,
         default=None,
         help="part 3: these row counts (default: 1,2,8,32,64,128; --quick 1,8,32,128)",
     )
     p.add_argument(
         "--local-lengths",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=_int_list,
         default=None,
         help="part 3: these local scores per row (default: 4K to 128K)",
     )
@@ -364,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--merge-ctas",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=_int_list,
         default=[],
         help="with --breakdown: also time the CUDA merge kernel alone at these CTAs per row (e.g. 1,2,4)",
     )

@@ -229,8 +229,8 @@ def _fake_group_buffers(W: int, max_rows: int, K: int):
 def test_gpu_select_publish_equals_publish_kernel(ctas, W, rank, k, L):
     """``ops.select(..., publish=...)`` leaves every peer's inbox and flags and the local epochs exactly as
     ``ops.select`` followed by the publish kernel does (TopK.merge's path), over three calls (both parity slots, a
-    slot rewritten), rows with fewer than k valid keys (the -1 padding to K), one CTA per row and a cluster of 3
-    (rows over 64K: the WIDE cluster instance); the rank's own buffer is left alone. No peer GPU is needed: every
+    slot rewritten), rows with fewer than k valid keys (the -1 padding to K), one CTA per row (rows over 64K: its
+    4096-sample estimate) and a cluster of 3; the rank's own buffer is left alone. No peer GPU is needed: every
     "rank's" buffer is local."""
     from peerdcp.topk.kernels import _publish_kernel
 

@@ -222,16 +222,16 @@ def _fake_group_buffers(W: int, max_rows: int, K: int):
     return bufs, torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device="cuda"), inbox
 
 
-@pytest.mark.parametrize("ctas", [1, 3])
+@pytest.mark.parametrize("ctas", [1, 2, 3])
 @pytest.mark.parametrize(
     "W,rank,k,L", [(2, 1, 2048, 30000), (4, 2, 2048, 3000), (8, 0, 100, 5000), (2, 0, 7, 5), (2, 1, 2048, 70000)]
 )
 def test_gpu_select_publish_equals_publish_kernel(ctas, W, rank, k, L):
     """``ops.select(..., publish=...)`` leaves every peer's inbox and flags and the local epochs exactly as
     ``ops.select`` followed by the publish kernel does (TopK.merge's path), over three calls (both parity slots, a
-    slot rewritten), rows with fewer than k valid keys (the -1 padding to K), one CTA per row (rows over 64K: its
-    4096-sample estimate) and a cluster of 3; the rank's own buffer is left alone. No peer GPU is needed: every
-    "rank's" buffer is local."""
+    slot rewritten), rows with fewer than k valid keys (the -1 padding to K), one CTA per row and a cluster of 2 (rows
+    over 64K: their 4096-sample estimate, the WIDE publishing cluster instance for 2) and of 3; the rank's own buffer
+    is left alone. No peer GPU is needed: every "rank's" buffer is local."""
     from peerdcp.topk.kernels import _publish_kernel
 
     T, max_rows = 5, 6

@@ -386,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.cpu_smoke:
-        cfg = {"rows": [1, 3], "index_rows": [1, 2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
+        cfg = {"rows": [1, 3], "index_rows": [2], "contexts": [] if args.no_indexer else [1000], "iters": 1}
         cfg["breakdown"] = args.breakdown
         cfg["publish_paths"] = args.publish_paths
-        cfg.update(merge=not args.no_merge, local_rows=[1, 2], local_lengths=[3000] if args.local else [])
+        cfg.update(merge=not args.no_merge, local_rows=[2], local_lengths=[3000] if args.local else [])
         cfg["local_force"] = args.local_force
         cfg.update(calls=2, eager=False, device="cpu")
         return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())

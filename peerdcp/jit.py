@@ -7,7 +7,8 @@ mechanisms' ``ops.py``) and launches it on the current stream, so it is CUDA-gra
 
 Builds are cached under ``$PEERDCP_CACHE`` (default ``~/.cache/peerdcp``), keyed by the hash of the
 sources and flags, and guarded by a file lock so W ranks starting together build once.
-``PEERDCP_NO_JIT=1`` forbids compiling (a missing build then raises).
+``PEERDCP_NO_JIT=1`` forbids compiling (a missing build then raises); ``PEERDCP_JIT_HOST_CHECK=1`` builds for
+host entry points only (:func:`host_check`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["CSRC", "LIBRARIES", "load", "load_library", "prebuild", "JitError", "nvcc_path"]
+__all__ = ["CSRC", "LIBRARIES", "host_check", "load", "load_library", "prebuild", "JitError", "nvcc_path"]
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 DEFAULT_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "--use_fast_math", "-lineinfo")
@@ -79,15 +81,31 @@ def load_library(name: str, sources: tuple[str, ...], flags: tuple[str, ...] = D
     return ctypes.CDLL(str(_ensure_built(name, sources, flags)))
 
 
+def host_check() -> bool:
+    """``PEERDCP_JIT_HOST_CHECK=1``: build the libraries for calling their host entry points only, on a machine
+    without a GPU (the CPU tests set it there: parameter-block mirrors, input checks, host-side tables). The
+    device code then goes no further than unoptimized PTX (``code=compute_XX``, ``-Xcicc -O0``): the output
+    library builds in ~8 s instead of ~65 s on two cores. Such a build never runs a kernel: :func:`load`
+    refuses it where a GPU is visible."""
+    return os.environ.get("PEERDCP_JIT_HOST_CHECK", "0") == "1"
+
+
 def _flags(flags: tuple[str, ...]) -> tuple[str, ...]:
-    """``flags`` plus ``$PEERDCP_NVCC_EXTRA`` (space-separated; for tuning sweeps such as
-    ``scripts/diag/output_tune.py`` only: the extra flags are part of the cache key, so each setting is its own
-    build, and nothing in the package sets them)."""
+    """``flags`` (their host-check form under :func:`host_check`) plus ``$PEERDCP_NVCC_EXTRA`` (space-separated;
+    for tuning sweeps such as ``scripts/diag/output_tune.py`` only: the extra flags are part of the cache key, so
+    each setting is its own build, and nothing in the package sets them)."""
+    if host_check():
+        flags = (*(re.sub(r"code=sm_(\w+)", r"code=compute_\1", f) for f in flags), "-Xcicc", "-O0")
     return (*flags, *os.environ.get("PEERDCP_NVCC_EXTRA", "").split())
 
 
 def load(name: str) -> ctypes.CDLL:
     """Build (if needed) and load the library ``name`` of :data:`LIBRARIES`."""
+    if host_check():
+        import torch
+
+        if torch.cuda.is_available():
+            raise JitError("PEERDCP_JIT_HOST_CHECK=1 builds libraries that must not run kernels; unset it on a GPU")
     sources, flags = LIBRARIES[name]
     return load_library(name, sources, _flags(flags))
 

@@ -26,6 +26,12 @@ SHARED_GPU = ranks_share_gpus(max(2, GPU_WORLD))
 #: the rank pools' backend of the GPU tests
 GPU_BACKEND = "cpu:gloo,cuda:gloo" if SHARED_GPU else "cpu:gloo,cuda:nccl"
 
+# Without a GPU the tests only call the CUDA libraries' host entry points: build them in host-check form
+# (peerdcp.jit.host_check: unoptimized PTX, ~30 s for all five on two cores instead of ~3 min); rank processes
+# inherit it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("PEERDCP_JIT_HOST_CHECK", "1")
+
 
 def replays(n: int) -> int:
     """How many graph replays a test of ``n`` replays runs: ``n``, or n / 500 (at least 16) when ranks share a

@@ -1,0 +1,36 @@
+"""peerdcp.jit's host-check builds (no GPU needed): the flags they use and the refusal on a GPU machine."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from peerdcp import jit
+
+
+def test_host_check_flags_stop_at_unoptimized_ptx(monkeypatch):
+    monkeypatch.setenv("PEERDCP_NVCC_EXTRA", "-DX=1")
+    monkeypatch.setenv("PEERDCP_JIT_HOST_CHECK", "0")
+    for name, (_, flags) in jit.LIBRARIES.items():
+        assert jit._flags(flags) == (*flags, "-DX=1"), name
+    monkeypatch.setenv("PEERDCP_JIT_HOST_CHECK", "1")
+    for name, (_, flags) in jit.LIBRARIES.items():
+        got = jit._flags(flags)
+        assert got[-3:] == ("-Xcicc", "-O0", "-DX=1"), name
+        gencode = [f for f in got if f.startswith("-gencode=")]
+        assert gencode and all("code=sm_" not in f and ",code=compute_" in f for f in gencode), (name, gencode)
+        assert [f for f in got if not f.startswith("-gencode=")][:-3] == [
+            f for f in flags if not f.startswith("-gencode=")
+        ], name
+    # a different cache entry from the full build's
+    _, flags = jit.LIBRARIES["peerdcp_output"]
+    full = jit._target("peerdcp_output", ("output_direct.cu",), flags)[1]
+    host = jit._target("peerdcp_output", ("output_direct.cu",), jit._flags(flags))[1]
+    assert full != host
+
+
+def test_host_check_build_refused_where_a_gpu_is_visible(monkeypatch):
+    monkeypatch.setenv("PEERDCP_JIT_HOST_CHECK", "1")
+    with mock.patch("torch.cuda.is_available", return_value=True), pytest.raises(jit.JitError, match="HOST_CHECK"):
+        jit.load("peerdcp_output")

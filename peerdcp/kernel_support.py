@@ -206,8 +206,13 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
         # the deadline, so take the minimum over the whole block once more
         ok = _block_min(tl.min((got == value).to(tl.int32), axis=0)) != 0
     else:
+        # The interpreter runs a grid's programs one after another: once one wait of the object has timed out (its
+        # error word set, so the host raises at the next call), a later program's wait returns at once, or a call
+        # would take grid x timeout_s to fail instead of timeout_s (the GPU's programs wait concurrently).
         v = poll_acquire(flag_ptr)
         n = 0
+        if poll_acquire(err_addr.to(tl.pointer_type(tl.int64))) != 0:
+            n = max_spins
         while (v != value) & (n < max_spins):
             v = poll_acquire(flag_ptr)
             n += 1

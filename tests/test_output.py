@@ -160,7 +160,7 @@ def test_missing_peer_raises_timeout(pools, world, absent):
             continue
         assert d["first"].startswith(f"rank={r} peer=") and d["first"].endswith("mech=output"), d
         assert d["second"] == d["first"] and d["check"] == "PeerTimeoutError", d  # refuses further calls
-        assert 1.0 < d["dt"] < 15.0, d
+        assert 1.0 < d["dt"] < 4 * 2.0, d  # ~ the 2 s timeout once, not once per program of the grid
     # with W = 3 the present ranks may also miss each other's late arrival, but rank `absent` is named
     assert any(f"peer={absent}" in d["first"] for r, d in enumerate(res) if r != absent)
 

@@ -83,7 +83,7 @@ def test_missing_peer_raises_timeout(pools):
     r = res[0]
     assert r["first"] == "rank=0 peer=1 mech=query", r
     assert r["check"] == r["again"] == r["exposed"] == r["first"], r
-    assert 0.3 < r["dt"] < 15.0, r
+    assert 0.3 < r["dt"] < 4 * 1.5, r  # ~ the 1.5 s timeout once, not once per program of the grid
 
 
 def test_create_close_cycles_leave_nothing(pools):

@@ -265,7 +265,7 @@ struct Shared {
   int pub[2];                 // C > 1: this CTA's count of the last two gathers, read by its peers
   int counts[kMaxCluster];    // C > 1: every CTA's count of the last gather
   int64_t tau[kTries];  // the estimate's thresholds, highest first
-  unsigned long long kmin, kmax;  // bucket_top: the smallest and largest key
+  unsigned kmin[2], kmax[2];      // bucket_top: the finite keys' smallest / largest score part [0] and id part [1]
   unsigned smin, smax;            // sample_thresholds: the smallest and largest finite sample
   int overflow;                   // bucket_top: a bucket of the n largest keys holds more than kMaxBucket
   int top_end;                    // bucket_top: the keys in the buckets that hold the n largest
@@ -279,18 +279,21 @@ __device__ __forceinline__ float score32(uint32_t o) {
   return o == 0 ? -__int_as_float(0x7f800000) : __uint_as_float((o & 0x80000000u) ? o ^ 0x80000000u : o ^ 0xffffffffu);
 }
 
-// mn / mx (each thread's) reduced over the CTA into *lo / *hi, which thread 0 initialized (to ~0 and 0) before the
-// call; every thread of the CTA calls it (two barriers)
-template <typename U>
-__device__ __forceinline__ void block_min_max(U mn, U mx, U* lo, U* hi) {
+// mn[i] / mx[i] (each thread's) reduced over the CTA into lo[i] / hi[i], which thread 0 initialized (to ~0 and 0)
+// before the call: one warp reduction instruction each, then 32-bit shared atomics (native; 64-bit ones are a
+// compare-and-swap loop that 32 warps serialize: bucket_top's 64-bit key range that way cost 0.4-1.8 us per
+// selection, session 28 call 6). Every thread of the CTA calls it (two barriers).
+template <int N>
+__device__ __forceinline__ void block_min_max(const unsigned (&mn)[N], const unsigned (&mx)[N], unsigned* lo,
+                                              unsigned* hi) {
+  unsigned a[N], b[N];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const U a = __shfl_xor_sync(0xffffffffu, mn, o), b = __shfl_xor_sync(0xffffffffu, mx, o);
-    mn = a < mn ? a : mn;
-    mx = b > mx ? b : mx;
-  }
+  for (int i = 0; i < N; ++i) a[i] = __reduce_min_sync(0xffffffffu, mn[i]), b[i] = __reduce_max_sync(0xffffffffu, mx[i]);
   __syncthreads();  // (the initial values are stored)
-  if ((threadIdx.x & 31) == 0) atomicMin(lo, mn), atomicMax(hi, mx);
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) atomicMin(lo + i, a[i]), atomicMax(hi + i, b[i]);
+  }
   __syncthreads();
 }
 
@@ -359,18 +362,28 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
   // the range: the keys of finite scores (+inf scores - forced tokens - go to bucket 0, -inf and NaN to the last)
   constexpr uint64_t kNegInfKey = (static_cast<uint64_t>(kOrderedNegInf) << 31) | 0x7fffffffull;  // its largest key
   constexpr uint64_t kPosInfKey = static_cast<uint64_t>(kOrderedPosInf) << 31;                    // its smallest
-  uint64_t k[R], mn = ~0ull, mx = 0;
+  // lo / hi: the finite keys' smallest / largest score part with their parts' smallest / largest id part: lo <= every
+  // finite key <= hi, the exact extremes when all share one score (the map then goes by the keys), the exact score
+  // parts otherwise (all the map uses when it goes by the scores)
+  uint64_t k[R];
+  unsigned mn[2] = {~0u, ~0u}, mx[2] = {0u, 0u};
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int i = r * kThreads + tid;
     k[r] = i < count ? static_cast<uint64_t>(buf[i]) : 0;  // (0: no key)
-    if (k[r] > kNegInfKey && k[r] < kPosInfKey) mn = k[r] < mn ? k[r] : mn, mx = k[r] > mx ? k[r] : mx;
+    if (k[r] > kNegInfKey && k[r] < kPosInfKey) {
+      const unsigned sp = static_cast<unsigned>(k[r] >> 31), ip = static_cast<unsigned>(k[r] & 0x7fffffffu);
+      mn[0] = sp < mn[0] ? sp : mn[0], mx[0] = sp > mx[0] ? sp : mx[0];
+      mn[1] = ip < mn[1] ? ip : mn[1], mx[1] = ip > mx[1] ? ip : mx[1];
+    }
   }
-  if (tid == 0) sh.kmin = ~0ull, sh.kmax = 0, sh.overflow = 0;
+  if (tid == 0) sh.kmin[0] = sh.kmin[1] = ~0u, sh.kmax[0] = sh.kmax[1] = 0, sh.overflow = 0;
   for (int i = tid; i < kBins; i += kThreads) start[i] = 0;
-  block_min_max<unsigned long long>(mn, mx, &sh.kmin, &sh.kmax);  // (its barriers: every key read, start zeroed)
-  const bool finite = sh.kmin <= sh.kmax;  // (none: by the keys over their whole range)
-  const BucketMap<uint64_t, 31> bucket(finite ? sh.kmin : 0ull, finite ? sh.kmax : ~0ull >> 1);
+  block_min_max<2>(mn, mx, sh.kmin, sh.kmax);  // (its barriers: every key read, start zeroed)
+  const bool finite = sh.kmin[0] <= sh.kmax[0];  // (none: by the keys over their whole range)
+  const uint64_t lo = (static_cast<uint64_t>(sh.kmin[0]) << 31) | sh.kmin[1];
+  const uint64_t hi = (static_cast<uint64_t>(sh.kmax[0]) << 31) | sh.kmax[1];
+  const BucketMap<uint64_t, 31> bucket(finite ? lo : 0ull, finite ? hi : ~0ull >> 1);
   int bs[R] = {};  // a key's bucket | its slot in the bucket << 16 (kBins, kBuf <= 2^16)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -436,11 +449,12 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
   }
   if (tid == 0) sh.smin = ~0u, sh.smax = 0;
   for (int i = tid; i < kBins; i += kThreads) sh.hist[i] = 0, bmin[i] = ~0u;
-  unsigned mn = ~0u, mx = 0;
+  unsigned mn[1] = {~0u}, mx[1] = {0u};
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (o[r] > kOrderedNegInf && o[r] < kOrderedPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
-  block_min_max<unsigned>(mn, mx, &sh.smin, &sh.smax);
+    if (o[r] > kOrderedNegInf && o[r] < kOrderedPosInf)
+      mn[0] = o[r] < mn[0] ? o[r] : mn[0], mx[0] = o[r] > mx[0] ? o[r] : mx[0];
+  block_min_max<1>(mn, mx, &sh.smin, &sh.smax);
   // no finite sample: one range over every score part (the scores' range is then not finite: by the values)
   const bool finite = sh.smin <= sh.smax;
   const BucketMap<uint32_t, 0> bucket(finite ? sh.smin : 0u, finite ? sh.smax : ~0u);

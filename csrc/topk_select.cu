@@ -672,11 +672,10 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     return row.end - row.beg;
   };
 
-  // gather_from (or gather_all) over the cluster: this CTA gathers its slice, sh.counts gets every CTA's count;
-  // returns their total. sh.pub alternates between two slots: a peer reads this gather's slot before it arrives at
-  // the next gather's cluster barrier, which this CTA passes before it rewrites the slot (two gathers later).
-  auto gather_total = [&](int64_t lo, bool all = false) -> int {
-    const int got = all ? gather_all() : gather_from(lo);
+  // the total over the cluster of this CTA's gather count `got` (each CTA gathered its slice): sh.counts gets every
+  // CTA's count. sh.pub alternates between two slots: a peer reads this gather's slot before it arrives at the next
+  // gather's cluster barrier, which this CTA passes before it rewrites the slot (two gathers later).
+  auto cluster_total = [&](int got) -> int {
     if (C == 1) return got;
     if (tid == 0) sh.pub[parity] = got;
     cl.sync();
@@ -687,11 +686,12 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     for (int r = 0; r < C; ++r) total += sh.counts[r];
     return total;
   };
+  auto gather_total = [&](int64_t lo) -> int { return cluster_total(gather_from(lo)); };
 
   int count;
   trace(0);
   if (nloc <= kBuf) {
-    count = gather_total(0, true);
+    count = cluster_total(gather_all());
   } else {
     // ---- 1. estimate (it only decides the speed: a count outside [n, kBuf] falls back to the radix select)
     count = 0;

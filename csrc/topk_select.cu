@@ -541,6 +541,21 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     cl.sync();  // every CTA read every histogram before any zeroes its own for the next level
   };
 
+  // a lane's taken scores (bit e of `take` for its e-th score of the step at `base`) go to consecutive slots from
+  // `slot`, one round per key (slots past kBuf dropped); key(s, l) makes the key of score s at local row l. The
+  // score is picked from v by selects: an indexed v[e] would put the step's scores in local memory.
+  auto store_taken = [&](unsigned take, int slot, const float (&v)[kPerStep], int base, auto key) {
+    while (take != 0) {
+      const int e = __ffs(static_cast<int>(take)) - 1;
+      take &= take - 1;
+      float s = v[0];
+#pragma unroll
+      for (int k = 1; k < kPerStep; ++k) s = e == k ? v[k] : s;
+      if (slot < kBuf) buf[slot] = key(s, row_of<VEC>(base, e));
+      ++slot;
+    }
+  };
+
   // gather every key >= lo into buf; returns how many there are (slots past kBuf dropped). A warp claims the slots
   // of a whole step with one shared atomic (one per element ballot made the single counter the bottleneck); key >= lo
   // is compared on the score part first, the id only on a tie.
@@ -593,16 +608,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         // each position's key code whenever any lane of the warp took that position - about half of all steps at
         // every position, ~45 % of the kernel's instructions at one row of 128K (ncu, session 27 call 4). The key
         // is row.key's without forced tokens (this path has none); the keys land in the same slots as before.
-        while (take != 0) {
-          const int e = __ffs(static_cast<int>(take)) - 1;
-          take &= take - 1;
-          float s = v[0];
-#pragma unroll
-          for (int k = 1; k < kPerStep; ++k) s = e == k ? v[k] : s;
-          const int l = row_of<VEC>(base, e);
-          if (slot < kBuf) buf[slot] = (static_cast<int64_t>(ordered_bits(__float_as_uint(s))) << 31) | row.id_part(l);
-          ++slot;
-        }
+        store_taken(take, slot, v, base, [&](float s, int l) {
+          return (static_cast<int64_t>(ordered_bits(__float_as_uint(s))) << 31) | row.id_part(l);
+        });
         continue;
       }
       // whole keys (forced tokens, or a lo the float compare cannot stand for): few pass here too (~n / nloc of
@@ -625,15 +633,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       int first = 0;
       if (lane == 0) first = atomicAdd(&sh.count, total);
       slot += __shfl_sync(0xffffffffu, first, 0);
-      while (take != 0) {
-        const int e = __ffs(static_cast<int>(take)) - 1;
-        take &= take - 1;
-        float s = v[0];
-#pragma unroll
-        for (int k = 1; k < kPerStep; ++k) s = e == k ? v[k] : s;
-        if (slot < kBuf) buf[slot] = row.key(s, row_of<VEC>(base, e));
-        ++slot;
-      }
+      store_taken(take, slot, v, base, [&](float s, int l) { return row.key(s, l); });
     }
     __syncthreads();
     const int got = sh.count;
@@ -892,17 +892,31 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
   // the merge kernel that follows TopK.select's publishing launch may start now (PDL): it waits for this grid's
   // completion before it reads anything, so its launch and start overlap the selection instead of following it
   if constexpr (PUBLISH) peerdcp::griddep_launch_dependents();
-  const int t = blockIdx.x / a.C;  // a cluster of C consecutive CTAs per row
+  // row t is cluster t (a 1-D grid of clusters of C consecutive CTAs; one CTA per row: CTA t), and this CTA is
+  // its cluster's CTA c: both from special registers - the row's length load waits for t, and a division by the
+  // runtime C was ~20 instructions on that path
+  int t = blockIdx.x, c = 0;
+  if constexpr (CLUSTER) {
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(t));
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(c));
+  }
   const int64_t L = a.lens64 ? static_cast<const int64_t*>(a.seq_lens)[t] : static_cast<const int32_t*>(a.seq_lens)[t];
-  // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width
+  // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width; in 32 bits where L and
+  // I * W fit (always, for valid lengths: a 64-bit division is a call of ~70 instructions on the gather's path)
   const int64_t IW = static_cast<int64_t>(a.I) * a.W;
-  int64_t rem = (L > 0 ? L % IW : 0) - static_cast<int64_t>(a.rank) * a.I;
+  int64_t q = 0, rem = 0;
+  if (L > 0 && L <= 0x7fffffff && IW <= 0x7fffffff) {
+    const uint32_t q32 = static_cast<uint32_t>(L) / static_cast<uint32_t>(IW);
+    q = q32, rem = static_cast<uint32_t>(L) - q32 * static_cast<uint32_t>(IW);
+  } else if (L > 0) {
+    q = L / IW, rem = L % IW;
+  }
+  rem -= static_cast<int64_t>(a.rank) * a.I;
   rem = rem < 0 ? 0 : (rem > a.I ? a.I : rem);
-  const int64_t nl = L > 0 ? (L / IW) * a.I + rem : 0;
+  const int64_t nl = q * a.I + rem;
   const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);
-  // CTA c of the row's cluster (a 1-D grid of clusters of C: c is its rank in the cluster) reads local rows
-  // [beg, end): C slices of a multiple of 4 rows (the 16-byte loads)
-  const int c = static_cast<int>(blockIdx.x % a.C), per = ((nloc + a.C - 1) / a.C + 3) & ~3;
+  // CTA c reads local rows [beg, end): C slices of a multiple of 4 rows (the 16-byte loads)
+  const int per = CLUSTER ? ((nloc + a.C - 1) / a.C + 3) & ~3 : nloc;
   const int beg = c * per < nloc ? c * per : nloc, end = beg + per < nloc ? beg + per : nloc;
   const Row row{a.logits + static_cast<int64_t>(t) * a.logits_stride, L, a.force_first, a.force_last,
                 a.rank, a.W, a.I, nloc, beg, end, a.force_first > 0 || a.force_last > 0};

@@ -262,6 +262,32 @@ def test_scan_npage_policy():
         assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
 
 
+def test_merge_pdl_rule():
+    """``TopK.select``'s merge launches with PDL ("auto") only while the selection's CTAs and the merge's fit on the
+    SMs together; a bool in ``TUNING["select_merge_pdl"]`` forces it either way."""
+    from unittest import mock
+
+    from peerdcp.topk import ops
+
+    resident = {8: 16, 4: 33, 2: 66}  # clusters of each size resident at once (made up)
+    with (
+        mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]),
+        mock.patch.object(ops, "max_keys", lambda device: 29056),  # H200's 227 KiB of shared memory, in keys
+        mock.patch.object(ops, "num_sms", lambda device: 132),
+    ):
+        # W = 2, k = 2048: the merge takes 8 CTAs per row (place-all); rows of 16K scores a cluster of 8 per row
+        # up to 16 rows: 1 row 8 + 8 CTAs, 8 rows 64 + 64 (fits), 16 rows 128 + 128 (does not)
+        assert [ops.merge_pdl(T, 2, 2048, 0, 16384) for T in (1, 2, 8, 16, 32, 128)] == [True] * 3 + [False] * 3
+        # W = 4: 16 merge CTAs per row: 4 rows 32 + 64 fit, 8 rows 64 + 128 do not
+        assert [ops.merge_pdl(T, 4, 2048, 0, 65536) for T in (1, 4, 8)] == [True, True, False]
+        # rows of <= 4096 scores take one selection CTA: 14 rows 14 + 112 fit, 15 rows 15 + 120 do not
+        assert [ops.merge_pdl(T, 2, 2048, 0, 4096) for T in (14, 15)] == [True, False]
+        for forced in (True, False):
+            with mock.patch.dict(ops.TUNING, {"select_merge_pdl": forced}):
+                assert ops.merge_pdl(1, 2, 2048, 0, 16384) is forced
+                assert ops.merge_pdl(128, 4, 2048, 0, 16384) is forced
+
+
 def test_select_ctas_rule():
     """CTAs per row of the CUDA selection: 1 for rows of at most 4096 scores, else the largest of 8, 4, 2 whose
     clusters are all resident at once (the occupancy query; -1, a failed query, never qualifies), else 1; a forced

@@ -28,6 +28,7 @@ __all__ = [
     "max_select_clusters",
     "Publish",
     "merge",
+    "merge_pdl",
     "score",
     "score_resident",
     "select",
@@ -43,10 +44,8 @@ __all__ = [
 #: ``select_ctas``: CTAs per row of the CUDA selection, 1 to :data:`MAX_SELECT_CTAS` (0: the rule of
 #: :func:`select_ctas`). ``select_publish``: ``TopK.select``'s direct path publishes each row from the selection
 #: kernel (:class:`Publish`) instead of a separate publish kernel after it; ``select_merge_pdl``: its merge kernel
-#: then launches with programmatic dependent launch (:func:`merge`'s ``pdl``). Off: by one-GPU emulation
-#: (``scripts/diag/publish_fused.py --exchange``, session 26 call 4) it was 0.5-1.0 us faster at 1-8 rows, 3 us at
-#: 512, but 0.8-1.7 us slower at 32 rows and 5.7-9.4 us slower at 128 rows, for a reason not found; two GPUs have
-#: not run it.
+#: then launches with programmatic dependent launch (:func:`merge`'s ``pdl``): True / False, or "auto" - the rule
+#: of :func:`merge_pdl` (where both grids fit on the SMs together).
 TUNING = {
     "cuda_merge_ctas_per_row": 0,
     "cuda_merge_place_all_ctas": 0,
@@ -54,7 +53,7 @@ TUNING = {
     "select_radix_only": False,
     "select_ctas": 0,
     "select_publish": True,
-    "select_merge_pdl": False,
+    "select_merge_pdl": "auto",
 }
 #: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk_select.cu: the portable cluster size)
 MAX_SELECT_CTAS = 8
@@ -151,6 +150,24 @@ def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     if forced_pa == 0 and 2 * avail >= full:
         return max(1, min(full, avail)), 1
     return ctas_per_row(rows, device), 0
+
+
+def merge_pdl(rows: int, world_size: int, topk: int, device: int, length: int) -> bool:
+    """Whether ``TopK.select``'s merge kernel launches with PDL after its publishing selection of ``rows`` rows of
+    ``length`` local scores: ``TUNING["select_merge_pdl"]`` when it is a bool; "auto": when the selection's CTAs
+    (:func:`select_ctas` per row, each a whole SM: 1024 threads at 64 registers) and the merge's (:func:`grid`)
+    fit on the SMs together. The merge's CTAs then start on SMs of their own while the selection runs, and its
+    launch no longer follows the selection's end. Past that, early merge CTAs wait where later ones would run.
+    By one-GPU emulation (``scripts/diag/publish_fused.py --exchange``, session 29 call 2, k = 2048, 16K / 64K
+    local scores): W = 2, 1-8 rows 0.3-0.7 µs faster, 16 rows 0.2-0.3 faster (the grids no longer fit), 32 / 64
+    rows 1.0 / 1.9-2.6 slower; W = 4, 1-4 rows 0.4-1.1 faster, 8 rows 0.3-0.4 slower, 16-64 rows 1-6 slower.
+    Two GPUs have not run it."""
+    forced = TUNING["select_merge_pdl"]
+    if isinstance(forced, bool):
+        return forced
+    sel = rows * select_ctas(rows, device, length)
+    per_row, _ = grid(rows, world_size, topk, device)
+    return sel + rows * per_row <= num_sms(device)
 
 
 def merge(

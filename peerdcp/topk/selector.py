@@ -648,7 +648,9 @@ class TopK:
         from . import ops
 
         # (the selection kernel did _publish's work, and lets the merge kernel launch early)
-        self._merge_inbox(keys, out, pdl=bool(ops.TUNING["select_merge_pdl"]))
+        dev = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        pdl = ops.merge_pdl(keys.shape[0], self.world_size, self.topk, dev, local_logits.shape[1])
+        self._merge_inbox(keys, out, pdl=pdl)
         return out
 
     def owned(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -289,9 +289,9 @@ def test_merge_pdl_rule():
 
 
 def test_select_ctas_rule():
-    """CTAs per row of the CUDA selection: 1 for rows of at most 4096 scores, else the largest of 8, 4, 2 whose
-    clusters are all resident at once (the occupancy query; -1, a failed query, never qualifies), else 1; a forced
-    ``TUNING["select_ctas"]`` is clamped to 1 .. 8."""
+    """CTAs per row of the CUDA selection: the largest of 8, 4, 2 whose clusters are all resident at once (the
+    occupancy query; -1, a failed query, never qualifies) if it spares each CTA more than 8192 of the row's scores,
+    else 1; a forced ``TUNING["select_ctas"]`` is clamped to 1 .. 8."""
     from unittest import mock
 
     from peerdcp.topk import ops
@@ -300,8 +300,13 @@ def test_select_ctas_rule():
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):
         got = [ops.select_ctas(rows, 0) for rows in (0, 1, 14, 15, 30, 31, 64, 65, 512)]
         assert got == [8, 8, 8, 4, 4, 2, 2, 1, 1]
-        got = [ops.select_ctas(1, 0, length) for length in (1, 4096, 4097, 131072)]
-        assert got == [1, 1, 8, 8]  # rows of <= ops.SELECT_BUF scores: one CTA
+        got = [ops.select_ctas(1, 0, length) for length in (1, 4096, 8192, 9362, 9363, 131072)]
+        assert got == [1, 1, 1, 1, 8, 8]  # C = 8 spares 7/8 of the row: more than 8192 from 9363 scores on
+        got = [ops.select_ctas(15, 0, length) for length in (10922, 10923, 131072)]
+        assert got == [1, 4, 4]  # C = 4 (15 rows): 3/4 of the row
+        got = [ops.select_ctas(31, 0, length) for length in (16384, 16385, 131072)]
+        assert got == [1, 2, 2]  # C = 2 (31 rows): half the row
+        assert ops.select_ctas(65, 0, 131072) == 1  # no cluster size resident for 65 rows
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: -1):
         assert ops.select_ctas(1, 0) == 1
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):

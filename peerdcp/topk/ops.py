@@ -60,6 +60,8 @@ MAX_SELECT_CTAS = 8
 #: keys a selection CTA gathers in shared memory (``kBuf`` in csrc/topk_select.cu): rows of at most this many
 #: scores skip the threshold estimate
 SELECT_BUF = 4096
+#: scores a cluster must spare each of its CTAs (row length x (1 - 1/C)) before :func:`select_ctas` takes it
+CLUSTER_MIN_SPARED = 8192
 #: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
 #: so past a few CTAs the shared placement work no longer pays for the repeated staging
 MAX_CTAS_PER_ROW = 4
@@ -249,20 +251,22 @@ def max_select_clusters(ctas: int, device: int) -> int:
 
 def select_ctas(rows: int, device: int, length: int | None = None) -> int:
     """CTAs per row of the CUDA selection of ``rows`` rows of ``length`` scores on ``device``:
-    ``TUNING["select_ctas"]`` when set; else 1 for rows of at most :data:`SELECT_BUF` scores (one CTA gathers them
-    all and keeps and sorts the n largest in one bucket pass: 7.4 us in the kernel at one row of 4K, a cluster of 8
-    9.0; session 25); else the largest C of 8, 4, 2 whose ``rows`` clusters are all resident at once
-    (:func:`max_select_clusters`), else 1.
+    ``TUNING["select_ctas"]`` when set; else the largest C of 8, 4, 2 whose ``rows`` clusters are all resident at
+    once (:func:`max_select_clusters`) if it spares each CTA more than :data:`CLUSTER_MIN_SPARED` scores
+    (``length`` · (1 - 1/C)), else 1.
     One CTA of 1024 threads per row leaves the other SMs idle at few rows; a cluster of C splits the row's reads
-    C ways (CTA 0 then sorts the gathered keys alone)."""
+    C ways, but its steps (the count and histogram exchanges, the funnel into CTA 0, which then sorts alone) cost
+    about as much as one CTA's gather of ~8K scores (session 29, call 4, ``scripts/diag/select_ctas_sweep.py``,
+    8-64 rows: at 8K scores one CTA 11.8-12.0 µs, clusters of 2 / 4 / 8 13.3-13.6 / 12.8-13.0 / 12.8; at 16K one CTA
+    13.4-13.8, C = 2 13.6-14.0, C = 4 13.2-13.4, C = 8 12.95; at 32K every cluster faster). A smaller C spares fewer
+    scores, so when the largest resident C does not pay, none does. Rows of at most :data:`SELECT_BUF` scores
+    (gathered whole by index) never take a cluster. ``length`` None: the largest resident C."""
     forced = int(TUNING["select_ctas"])
     if forced:
         return max(1, min(MAX_SELECT_CTAS, forced))
-    if length is not None and length <= SELECT_BUF:
-        return 1
     for c in (8, 4, 2):
         if rows <= max_select_clusters(c, device):
-            return c
+            return c if length is None or length * (c - 1) > CLUSTER_MIN_SPARED * c else 1
     return 1
 
 

@@ -16,9 +16,10 @@ Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer
 
 * ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
 * ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge; on a GPU
-  the selection kernel publishes the candidates itself, so no publish kernel runs there, unlike Part 1).
+  the selection kernel publishes the candidates itself, so no publish kernel runs there, unlike Part 1; the merge
+  launches with PDL where ``ops.merge_pdl``'s rule says so).
   ``--publish-paths`` adds ``sh_pipe_kernel`` (the publish kernel instead: ``select_publish`` off) and
-  ``sh_pipe_pdl`` (the merge launched with PDL: ``select_merge_pdl`` on), timed in the same process.
+  ``sh_pipe_pdl`` (the merge always launched with PDL: ``select_merge_pdl`` True), timed in the same process.
   Targets: ``sh_score <= 1.1/W * rep_score``; index-K bytes per rank = 1/W of replicated.
 * ``empty``  - a one-program Triton kernel that stores one value, timed the same way: the per-call floor of
   any kernel in this harness, which both scans pay (with the bytes each reads, it bounds the ratio a
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "--publish-paths",
         action="store_true",
         help="part 2: also time sh_pipe with the publish kernel (sh_pipe_kernel: select_publish off) and with the "
-        "merge launched by PDL (sh_pipe_pdl: select_merge_pdl on), in the same process",
+        "merge always launched by PDL (sh_pipe_pdl: select_merge_pdl True), in the same process",
     )
     p.add_argument(
         "--cpu-smoke",

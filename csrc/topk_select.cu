@@ -893,16 +893,18 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
   // completion before it reads anything, so its launch and start overlap the selection instead of following it
   if constexpr (PUBLISH) peerdcp::griddep_launch_dependents();
   // row t is cluster t (a 1-D grid of clusters of C consecutive CTAs; one CTA per row: CTA t), and this CTA is
-  // its cluster's CTA c: both from special registers - the row's length load waits for t, and a division by the
-  // runtime C was ~20 instructions on that path
+  // its cluster's CTA c: both from special registers. The start used to divide five times (t and c by the runtime
+  // C, the local length's quotient and remainder below in 64 bits - each behind the compiler's run-time check for
+  // 32-bit operands - and the slice by C), ~20 instructions each, the first before the row length's load could
+  // issue; without them rows of 2K / 4K scores (the shortest kernels) take 0.4-0.5 us less (session 29, call 2)
   int t = blockIdx.x, c = 0;
   if constexpr (CLUSTER) {
     asm("mov.u32 %0, %%clusterid.x;" : "=r"(t));
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(c));
   }
   const int64_t L = a.lens64 ? static_cast<const int64_t*>(a.seq_lens)[t] : static_cast<const int32_t*>(a.seq_lens)[t];
-  // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width; in 32 bits where L and
-  // I * W fit (always, for valid lengths: a 64-bit division is a call of ~70 instructions on the gather's path)
+  // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width: one 32-bit division where
+  // L and I * W fit (always, for valid lengths), 64-bit ones otherwise
   const int64_t IW = static_cast<int64_t>(a.I) * a.W;
   int64_t q = 0, rem = 0;
   if (L > 0 && L <= 0x7fffffff && IW <= 0x7fffffff) {

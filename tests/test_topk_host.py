@@ -209,6 +209,24 @@ def test_reference_canonical_order_and_keys():
     ]
 
 
+def test_cuda_scan_backend_rule():
+    """ "auto" takes the CUDA scan at every row count with <= 32 heads and from 3 query rows on with more (the choice
+    never looks at the cache's layout, so both layouts of the same rows take the same kernel); "cuda" / "triton"
+    force it; one int for ``cuda_scan_min_rows`` holds for both head tiles."""
+    from unittest import mock
+
+    from peerdcp.topk import cache
+
+    assert [cache._cuda_scan_wanted(r, 32) for r in (1, 2, 3)] == [True, True, True]
+    assert [cache._cuda_scan_wanted(r, 64) for r in (1, 2, 3, 128)] == [False, False, True, True]
+    assert cache._cuda_scan_wanted(1, 8) and not cache._cuda_scan_wanted(2, 33)
+    with mock.patch.dict(cache.TUNING, {"cuda_scan_min_rows": 4}):
+        assert [cache._cuda_scan_wanted(r, h) for r in (3, 4) for h in (32, 64)] == [False, False, True, True]
+    for backend, want in (("cuda", True), ("triton", False)):
+        with mock.patch.dict(cache.TUNING, {"scan_backend": backend}):
+            assert all(cache._cuda_scan_wanted(r, h) is want for r in (1, 4) for h in (32, 64))
+
+
 def test_scan_npage_policy():
     """``_scan_npage`` follows its documented rule (checked against a brute-force reading of the rule for every
     shape of a grid), always returns a candidate, and with session 8's settings reproduces session 8's loop."""

@@ -289,9 +289,14 @@ _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUN
 # 615.3 / 317.6 -> 625.3 / 318.2 (the one loss, 1.6 % replicated); 1 and 8 rows x 32K and 1 x 128K within 0.15 us.
 # "scan_backend": "triton" (_logits_kernel), "cuda" (csrc/topk_score.cu, warpgroup MMA with the keys as the register
 # operand; Hopper, 64-token pages of 128-byte keys, up to 64 heads, 16-byte aligned query rows, else the Triton kernel)
-# or "auto": the CUDA scan from "cuda_scan_min_rows" query rows on. The choice depends on the rows only, never on the
-# cache's layout or length, so an owner-sharded and a replicated scan of the same rows take the same kernel and agree
-# bit for bit. Session 23 (one-GPU emulation of W = 2, us replicated / owner-sharded, Triton -> CUDA with the keys
+# or "auto": the CUDA scan from "cuda_scan_min_rows" query rows on - (a head tile of 32: H <= 32, of 64), or one int for
+# both. The choice depends on the rows and heads only, never on the cache's layout or length, so an owner-sharded and a
+# replicated scan of the same rows take the same kernel and agree bit for bit. Session 29 (call 6, one-GPU emulation of
+# W = 2, 1-4 rows x 32K / 64K / 128K, us replicated / owner-sharded, Triton -> CUDA): 32 heads, 1 row 3.11 / 2.74 ->
+# 3.07 / 2.78, 4.11 / 3.31 -> 3.84 / 3.24, 8.09 / 4.25 -> 7.12 / 3.92, 2 and 3 rows 0.1-2.2 faster at every point; 64
+# heads, 3 rows 6.96 / 4.09 -> 6.54 / 4.39, 11.40 / 7.03 -> 9.46 / 6.68, 17.63 / 11.55 -> 16.23 / 9.63, 2 rows slower at
+# 32K (+0.3 / +0.1) and mixed at 64K, 1 row slower at 32K / 64K (the CUDA kernel's start at one page per CTA).
+# Session 23 (one-GPU emulation of W = 2, us replicated / owner-sharded, Triton -> CUDA with the keys
 # loaded straight into registers, 6 CTAs per SM; bench/RESULTS.md "session 23"): DeepSeek-V3.2 1 x 32K 3.20 / 2.78
 # -> 3.64 / 3.11 (at one page per CTA the CUDA kernel executes ~45 % more instructions, ncu), 8 x 32K 13.24 / 8.17
 # -> 12.29 / 8.07, 32 x 32K 40.86 / 22.59 -> 38.35 / 21.09, 128 x 32K 154.9 / 81.7 -> 147.7 / 76.6, 1 x 128K 8.30 /
@@ -303,7 +308,7 @@ _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUN
 # _cuda_scan_npage with a CTA's start worth "cuda_scan_cta_pages" pages; fixed 2-10 measured slower at 8-64 rows).
 TUNING = {
     "scan_backend": "auto",
-    "cuda_scan_min_rows": 4,
+    "cuda_scan_min_rows": (1, 3),
     "cuda_scan_min_ctas": 6,
     "cuda_scan_npage": 0,
     "cuda_scan_cta_pages": 2.0,
@@ -367,13 +372,21 @@ def _cuda_scan_npage(T: int, pages: int, slots: int, cta_pages: float) -> int:
 _NO_CUDA_SCAN: set[int] = set()  # devices where the CUDA scan failed to build or load
 
 
+def _cuda_scan_wanted(rows: int, heads: int) -> bool:
+    """Whether TUNING asks for the CUDA scan of ``rows`` query rows of ``heads`` heads (before the checks of what it
+    supports): "cuda", or "auto" from ``cuda_scan_min_rows`` rows on (per head tile: heads <= 32 or more)."""
+    backend = TUNING["scan_backend"]
+    if backend != "auto":
+        return backend == "cuda"
+    m = TUNING["cuda_scan_min_rows"]
+    return rows >= int(m if isinstance(m, int) else m[0 if heads <= 32 else 1])
+
+
 def _cuda_scan(q_fp8: torch.Tensor, store: torch.Tensor, cache: IndexKCache, dev: torch.device) -> int:
     """Resident CTAs per SM of the CUDA scan for this call, or 0 when it does not apply (see TUNING)."""
     rows, H, D = q_fp8.shape
-    backend = TUNING["scan_backend"]
-    wanted = backend == "cuda" or (backend == "auto" and rows >= int(TUNING["cuda_scan_min_rows"]))
     if (
-        not wanted
+        not _cuda_scan_wanted(rows, H)
         or dev.index in _NO_CUDA_SCAN
         or cache.page_size != 64
         or D != 128

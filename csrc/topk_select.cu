@@ -614,9 +614,10 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         continue;
       }
       // whole keys (forced tokens, or a lo the float compare cannot stand for): few pass here too (~n / nloc of
-      // the scores), so a lane stores its taken keys one round per key, after every key of the lanes below it (the
-      // ballots' counts; session 28: forced rows of >= 16K 2-19 % faster than a block per position). Kept apart
-      // from the fast path: one shared loop after the compares cost unforced rows 1-4 % (session 27, call 6).
+      // the scores), so a lane stores its taken keys one round per key (store_taken), after every key of the lanes
+      // below it (the ballots' counts; session 28: forced rows of >= 16K 2-19 % faster than a block per position).
+      // The compares and slot claims stay a separate path from the fast one: one path for both cost unforced rows
+      // 1-4 % (session 27, call 6).
       unsigned take = 0;
       int total = 0, slot = 0;
 #pragma unroll

@@ -216,6 +216,25 @@ struct Pack8<__half> {
   }
 };
 
+// DCP token ownership (DESIGN.md section 3, reference.local_length): how many of a sequence's tokens 0 .. L-1 rank
+// `rank` of W owns when runs of I consecutive tokens go round-robin over the ranks (L >= 0). One 32-bit division
+// where L and I * W fit (always, for valid lengths): a 64-bit division is ~20 instructions behind a run-time check
+// for 32-bit operands, on the latency path of the kernels' starts (the Top-K selection's 2K / 4K rows took 0.4-0.5
+// us less without it, session 29). The Top-K selection and the indexer scan both mask by it.
+__device__ __forceinline__ int64_t local_length(int64_t L, int rank, int W, int I) {
+  const int64_t IW = static_cast<int64_t>(I) * W;
+  int64_t q = 0, rem = 0;
+  if (L > 0 && L <= 0x7fffffff && IW <= 0x7fffffff) {
+    const uint32_t q32 = static_cast<uint32_t>(L) / static_cast<uint32_t>(IW);
+    q = q32, rem = static_cast<uint32_t>(L) - q32 * static_cast<uint32_t>(IW);
+  } else if (L > 0) {
+    q = L / IW, rem = L % IW;
+  }
+  rem -= static_cast<int64_t>(rank) * I;
+  rem = rem < 0 ? 0 : (rem > I ? I : rem);
+  return q * I + rem;
+}
+
 // #{y in list[0, n) : y > x} for an int64 list sorted descending: the first index whose key is <= x (a binary
 // search; the Top-K merge and the local selection rank candidate keys with it).
 __device__ __forceinline__ int count_greater(const int64_t* list, int n, int64_t x) {

@@ -27,6 +27,8 @@
 
 #include <cstdint>
 
+#include "common.cuh"
+
 namespace {
 
 constexpr int kPage = 64;                              // tokens per page
@@ -128,13 +130,6 @@ __device__ __forceinline__ void trace(int what) {
 #else
 #define PEERDCP_SCORE_STAMP(what)
 #endif
-
-// Tokens g < L of a sequence that `rank` owns (reference.local_length).
-__device__ __forceinline__ int64_t local_length(int64_t L, int rank, int W, int I) {
-  int64_t rem = L % (static_cast<int64_t>(I) * W) - static_cast<int64_t>(rank) * I;
-  rem = rem < 0 ? 0 : (rem > I ? I : rem);
-  return (L / (static_cast<int64_t>(I) * W)) * I + rem;
-}
 
 template <int N>
 __host__ __device__ constexpr int q_tile_bytes() {
@@ -241,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
   // the barrier that publishes the CTA's page numbers.
   const int64_t entry0 = p.table == nullptr ? j0 : (j0 < p.table_cols ? p.table[t * p.table_stride + j0] : -1);
 
-  const int64_t nloc = p.sharded ? local_length(L, p.rank, p.W, p.I) : L;
+  const int64_t nloc = p.sharded ? peerdcp::local_length(L, p.rank, p.W, p.I) : L;
   const int64_t npg_row = (nloc + kPage - 1) / kPage;
   // Page number of local page j with table entry e: -1 past the row's end or its table (no load: -inf scores;
   // liveness is j < min(npg_row, table_cols), so once a page is dead every later page is); a bad table entry reads

@@ -904,19 +904,8 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(c));
   }
   const int64_t L = a.lens64 ? static_cast<const int64_t*>(a.seq_lens)[t] : static_cast<const int32_t*>(a.seq_lens)[t];
-  // this rank's tokens among 0 .. L-1 (reference.local_length), at most the row's width: one 32-bit division where
-  // L and I * W fit (always, for valid lengths), 64-bit ones otherwise
-  const int64_t IW = static_cast<int64_t>(a.I) * a.W;
-  int64_t q = 0, rem = 0;
-  if (L > 0 && L <= 0x7fffffff && IW <= 0x7fffffff) {
-    const uint32_t q32 = static_cast<uint32_t>(L) / static_cast<uint32_t>(IW);
-    q = q32, rem = static_cast<uint32_t>(L) - q32 * static_cast<uint32_t>(IW);
-  } else if (L > 0) {
-    q = L / IW, rem = L % IW;
-  }
-  rem -= static_cast<int64_t>(a.rank) * a.I;
-  rem = rem < 0 ? 0 : (rem > a.I ? a.I : rem);
-  const int64_t nl = q * a.I + rem;
+  // this rank's tokens among 0 .. L-1, at most the row's width
+  const int64_t nl = peerdcp::local_length(L, a.rank, a.W, a.I);
   const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);
   // CTA c reads local rows [beg, end): C slices of a multiple of 4 rows (the 16-byte loads)
   const int per = CLUSTER ? ((nloc + a.C - 1) / a.C + 3) & ~3 : nloc;

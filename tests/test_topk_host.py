@@ -300,6 +300,11 @@ def test_merge_pdl_rule():
         assert [ops.merge_pdl(T, 4, 2048, 0, 65536) for T in (1, 4, 8)] == [True, True, False]
         # rows of <= 4096 scores take one selection CTA: 14 rows 14 + 112 fit, 15 rows 15 + 120 do not
         assert [ops.merge_pdl(T, 2, 2048, 0, 4096) for T in (14, 15)] == [True, False]
+        # the merge's grid passed in (TopK.select computes it once for the rule and the launch) decides alike
+        for T, W, length in ((8, 2, 16384), (16, 2, 16384), (4, 4, 65536), (8, 4, 65536), (14, 2, 4096)):
+            g = ops.grid(T, W, 2048, 0)
+            assert ops.merge_pdl(T, W, 2048, 0, length, launch_grid=g) == ops.merge_pdl(T, W, 2048, 0, length)
+        assert ops.merge_pdl(8, 2, 2048, 0, 16384, launch_grid=(9, 1)) is False  # 64 + 72 CTAs: from the grid given
         for forced in (True, False):
             with mock.patch.dict(ops.TUNING, {"select_merge_pdl": forced}):
                 assert ops.merge_pdl(1, 2, 2048, 0, 16384) is forced

@@ -154,7 +154,9 @@ def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     return ctas_per_row(rows, device), 0
 
 
-def merge_pdl(rows: int, world_size: int, topk: int, device: int, length: int) -> bool:
+def merge_pdl(
+    rows: int, world_size: int, topk: int, device: int, length: int, *, launch_grid: tuple[int, int] | None = None
+) -> bool:
     """Whether ``TopK.select``'s merge kernel launches with PDL after its publishing selection of ``rows`` rows of
     ``length`` local scores: ``TUNING["select_merge_pdl"]`` when it is a bool; "auto": when the selection's CTAs
     (:func:`select_ctas` per row, each a whole SM: 1024 threads at 64 registers) and the merge's (:func:`grid`)
@@ -163,12 +165,13 @@ def merge_pdl(rows: int, world_size: int, topk: int, device: int, length: int) -
     By one-GPU emulation (``scripts/diag/publish_fused.py --exchange``, session 29 call 2, k = 2048, 16K / 64K
     local scores): W = 2, 1-8 rows 0.3-0.7 µs faster, 16 rows 0.2-0.3 faster (the grids no longer fit), 32 / 64
     rows 1.0 / 1.9-2.6 slower; W = 4, 1-4 rows 0.4-1.1 faster, 8 rows 0.3-0.4 slower, 16-64 rows 1-6 slower.
-    Two GPUs have not run it."""
+    Two GPUs have not run it. ``launch_grid``: the merge's :func:`grid`, when the caller has it already (it is
+    ~1.7 µs of Python)."""
     forced = TUNING["select_merge_pdl"]
     if isinstance(forced, bool):
         return forced
     sel = rows * select_ctas(rows, device, length)
-    per_row, _ = grid(rows, world_size, topk, device)
+    per_row, _ = launch_grid if launch_grid is not None else grid(rows, world_size, topk, device)
     return sel + rows * per_row <= num_sms(device)
 
 
@@ -194,16 +197,21 @@ def merge(
     mech: int = 0,
     direct: bool,
     pdl: bool = False,
+    launch_grid: tuple[int, int] | None = None,
 ) -> None:
     """Launch the merge of row ``t`` of every list into ``out [T, topk]`` int32 (contiguous) for every t.
 
     Addresses are raw device addresses (ints); strides are in int64 elements (see the kernel's
     ``MergeParams``). ``pdl``: launch with programmatic dependent launch (after a :func:`select` with
     ``publish``, whose kernel lets it start early; the merge waits for that kernel's completion before it reads
-    anything). The caller validated shapes; a launch error raises RuntimeError.
+    anything). ``launch_grid``: :func:`grid`'s (CTAs per row, place_all) for these rows when the caller has it
+    already. The caller validated shapes; a launch error raises RuntimeError.
     """
     T = out.shape[0]
     stream = current_stream_handle(out.device)
+    if launch_grid is None:
+        dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
+        launch_grid = grid(T, world_size, topk, dev)
     rc = load().peerdcp_topk_merge(
         out.data_ptr(),
         own,
@@ -225,7 +233,7 @@ def merge(
         max_rows,
         mech,
         int(direct),
-        *grid(T, world_size, topk, out.device.index if out.device.index is not None else torch.cuda.current_device()),
+        *launch_grid,
         int(pdl),
         stream,
     )

@@ -542,9 +542,12 @@ class TopK:
             GPU=gpu,
         )
 
-    def _merge_inbox(self, keys: torch.Tensor, out: torch.Tensor, pdl: bool = False) -> None:
+    def _merge_inbox(
+        self, keys: torch.Tensor, out: torch.Tensor, pdl: bool = False, launch_grid: tuple[int, int] | None = None
+    ) -> None:
         """Kernel 2: wait for the peers' flags of each row (this call's epoch), merge into ``out``. ``pdl``
-        (the CUDA merge right after a publishing selection kernel): launched with programmatic dependent launch."""
+        (the CUDA merge right after a publishing selection kernel): launched with programmatic dependent launch;
+        ``launch_grid``: the CUDA merge's ``ops.grid`` when the caller computed it."""
         buf, W, K = self._buf, self.world_size, self.topk
         T, n = keys.shape
         base = buf.peer_addrs[self.rank]
@@ -572,6 +575,7 @@ class TopK:
                 mech=mechanism_code("topk"),
                 direct=True,
                 pdl=pdl,
+                launch_grid=launch_grid,
             )
             return
         gpu = on_gpu(self.device)
@@ -647,10 +651,12 @@ class TopK:
         out = torch.empty(keys.shape[0], self.topk, dtype=torch.int32, device=self.device)
         from . import ops
 
-        # (the selection kernel did _publish's work, and lets the merge kernel launch early)
-        dev = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        pdl = ops.merge_pdl(keys.shape[0], self.world_size, self.topk, dev, local_logits.shape[1])
-        self._merge_inbox(keys, out, pdl=pdl)
+        # (the selection kernel did _publish's work, and lets the merge kernel launch early; the merge's grid is
+        # computed once for the PDL rule and the launch)
+        T, dev = keys.shape[0], self.device.index if self.device.index is not None else torch.cuda.current_device()
+        launch_grid = ops.grid(T, self.world_size, self.topk, dev)
+        pdl = ops.merge_pdl(T, self.world_size, self.topk, dev, local_logits.shape[1], launch_grid=launch_grid)
+        self._merge_inbox(keys, out, pdl=pdl, launch_grid=launch_grid)
         return out
 
     def owned(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -282,7 +282,8 @@ def test_scan_npage_policy():
 
 def test_merge_pdl_rule():
     """``TopK.select``'s merge launches with PDL ("auto") only while the selection's CTAs and the merge's fit on the
-    SMs together; a bool in ``TUNING["select_merge_pdl"]`` forces it either way."""
+    SMs together (merge CTAs one per SM after clustered selections, as many as an SM holds after one-CTA ones); a
+    bool in ``TUNING["select_merge_pdl"]`` forces it either way."""
     from unittest import mock
 
     from peerdcp.topk import ops
@@ -298,8 +299,14 @@ def test_merge_pdl_rule():
         assert [ops.merge_pdl(T, 2, 2048, 0, 16384) for T in (1, 2, 8, 16, 32, 128)] == [True] * 3 + [False] * 3
         # W = 4: 16 merge CTAs per row: 4 rows 32 + 64 fit, 8 rows 64 + 128 do not
         assert [ops.merge_pdl(T, 4, 2048, 0, 65536) for T in (1, 4, 8)] == [True, True, False]
-        # rows of <= 4096 scores take one selection CTA: 14 rows 14 + 112 fit, 15 rows 15 + 120 do not
-        assert [ops.merge_pdl(T, 2, 2048, 0, 4096) for T in (14, 15)] == [True, False]
+        # rows of <= 4096 scores take one selection CTA, and the merge's CTAs count two to an SM (shared memory
+        # allows it up to W * k = 14528 keys): W = 2, 8 per row, 26 rows 26 + 104 / 2 SMs fit, 27 rows 27 + 108 / 2 do
+        # not; W = 4, 16 per row, 14 rows 14 + 224 / 2 fit, 15 rows 15 + 240 / 2 do not
+        assert [ops.merge_pdl(T, 2, 2048, 0, 4096) for T in (14, 15, 26, 27)] == [True, True, True, False]
+        assert [ops.merge_pdl(T, 4, 2048, 0, 4096) for T in (8, 14, 15)] == [True, True, False]
+        # W = 8: one merge CTA per SM (16384 keys take over half): 4 rows 4 + 4 * 32 fit, 5 rows 5 + 5 * 26 do not
+        assert ops.merge_ctas_per_sm(8, 2048, 0) == 1 and ops.merge_ctas_per_sm(4, 2048, 0) == 2
+        assert [ops.merge_pdl(T, 8, 2048, 0, 4096) for T in (4, 5)] == [True, False]
         # the merge's grid passed in (TopK.select computes it once for the rule and the launch) decides alike
         for T, W, length in ((8, 2, 16384), (16, 2, 16384), (4, 4, 65536), (8, 4, 65536), (14, 2, 4096)):
             g = ops.grid(T, W, 2048, 0)

@@ -28,6 +28,7 @@ __all__ = [
     "max_select_clusters",
     "Publish",
     "merge",
+    "merge_ctas_per_sm",
     "merge_pdl",
     "score",
     "score_resident",
@@ -130,6 +131,12 @@ def ctas_per_row(rows: int, device: int) -> int:
     return max(1, min(MAX_CTAS_PER_ROW, num_sms(device) // max(rows, 1)))
 
 
+def merge_ctas_per_sm(world_size: int, topk: int, device: int) -> int:
+    """Merge CTAs an SM of ``device`` holds at once for ``world_size`` lists of ``topk`` keys: two, or one when a
+    CTA's W·k staged keys take over half of the shared memory the kernel may use."""
+    return max(1, min(2, max_keys(device) // (world_size * topk)))
+
+
 def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     """(CTAs per row, place_all) of the CUDA merge of ``rows`` rows of ``world_size`` lists of ``topk`` keys.
 
@@ -147,8 +154,7 @@ def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     if forced_pa > 0:
         return forced_pa, 1
     full = -(-world_size * topk // THREADS)  # CTAs that give every thread one key
-    per_sm = max(1, min(2, max_keys(device) // (world_size * topk)))  # CTAs an SM holds at once (shared memory)
-    avail = per_sm * num_sms(device) // max(rows, 1)
+    avail = merge_ctas_per_sm(world_size, topk, device) * num_sms(device) // max(rows, 1)
     if forced_pa == 0 and 2 * avail >= full:
         return max(1, min(full, avail)), 1
     return ctas_per_row(rows, device), 0
@@ -158,21 +164,35 @@ def merge_pdl(
     rows: int, world_size: int, topk: int, device: int, length: int, *, launch_grid: tuple[int, int] | None = None
 ) -> bool:
     """Whether ``TopK.select``'s merge kernel launches with PDL after its publishing selection of ``rows`` rows of
-    ``length`` local scores: ``TUNING["select_merge_pdl"]`` when it is a bool; "auto": when the selection's CTAs
-    (:func:`select_ctas` per row, each a whole SM: 1024 threads at 64 registers) and the merge's (:func:`grid`)
-    fit on the SMs together. The merge's CTAs then start on SMs of their own while the selection runs, and its
-    launch no longer follows the selection's end. Past that, early merge CTAs wait where later ones would run.
-    By one-GPU emulation (``scripts/diag/publish_fused.py --exchange``, session 29 call 2, k = 2048, 16K / 64K
-    local scores): W = 2, 1-8 rows 0.3-0.7 µs faster, 16 rows 0.2-0.3 faster (the grids no longer fit), 32 / 64
-    rows 1.0 / 1.9-2.6 slower; W = 4, 1-4 rows 0.4-1.1 faster, 8 rows 0.3-0.4 slower, 16-64 rows 1-6 slower.
-    Two GPUs have not run it. ``launch_grid``: the merge's :func:`grid`, when the caller has it already (it is
-    ~1.7 µs of Python)."""
+    ``length`` local scores: ``TUNING["select_merge_pdl"]`` when it is a bool; "auto": when the selection's and the
+    merge's CTAs fit on the SMs together. The merge's CTAs then start on SMs of their own while the selection runs,
+    and its launch no longer follows the selection's end; past that, early merge CTAs wait where later ones would
+    run. A selection CTA takes a whole SM (1024 threads at 64 registers). The merge's CTAs (:func:`grid`) count
+    one per SM after clustered selections (:func:`select_ctas` > 1), and by the SMs they fill
+    (:func:`merge_ctas_per_sm` to an SM) after one-CTA selections.
+
+    By one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, k = 2048, x_pdl -
+    x_fused, µs): session 29 calls 2 / 4 - 16K / 64K local scores (clusters) W = 2, 1-8 rows 0.3-0.7 faster, 32 /
+    64 rows 1.0 / 1.9-2.6 slower; W = 4, 1-4 rows 0.4-1.1 faster, 8 rows 0.3-0.4 slower, 16-64 rows 1-6 slower.
+    Session 30 call 2 (8-32 rows): one-CTA rows of 2K / 4K scores 0.5-0.7 faster at W = 2 up to 24 rows (0.2 at
+    16), neutral at 32; at W = 4 0.45-0.66 faster at 8-14 rows, neutral at 16-20, 0.6 slower at 24 - where the
+    selection's rows and the merge's CTAs two to an SM stop fitting (W = 2: 26 rows, W = 4: 14), while counting
+    merge CTAs one per SM (the rule before) stopped at 14 and 7 rows. Clustered 16K rows: W = 2 8 rows 0.3 faster,
+    10-24 rows 0.2-1.9 slower, W = 4 8-32 rows 0.2-2.0 slower - counted one per SM, as before. Call 3, at the new
+    boundaries (2K / 8K scores): W = 2 26 rows 0.53-0.55 faster, 27-28 rows within 0.06; W = 4 14 rows 0.39-0.52
+    faster, 15 rows 0.01-0.10 faster, 16 rows within 0.16. W = 8 (one merge CTA per SM): 2-6 rows 0.4-0.8 faster,
+    so the rule leaves ~0.5 µs at 5-6 rows there (its loss side is unmeasured). Two GPUs have not run it.
+    ``launch_grid``: the merge's :func:`grid`, when the caller has it already (~1.7 µs of Python)."""
     forced = TUNING["select_merge_pdl"]
     if isinstance(forced, bool):
         return forced
-    sel = rows * select_ctas(rows, device, length)
+    ctas = select_ctas(rows, device, length)
     per_row, _ = launch_grid if launch_grid is not None else grid(rows, world_size, topk, device)
-    return sel + rows * per_row <= num_sms(device)
+    merge_ctas = rows * per_row
+    if ctas == 1:
+        merge_sms = -(-merge_ctas // merge_ctas_per_sm(world_size, topk, device))
+        return rows + merge_sms <= num_sms(device)
+    return rows * ctas + merge_ctas <= num_sms(device)
 
 
 def merge(

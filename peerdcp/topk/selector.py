@@ -57,6 +57,7 @@ from .._dist import all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from ..memory import MEMORY_KINDS, allocate, choose_memory
+from . import ops
 from . import reference as ref
 from .kernels import _keys_kernel, _merge_kernel, _owned_kernel, _publish_kernel
 
@@ -112,8 +113,6 @@ _SELECT_UNAVAILABLE: dict[int, str] = {}  # device index -> why the CUDA selecti
 
 def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
     """Whether ``_local_keys`` takes the CUDA selection (``ops.select``) for ``n`` of ``L`` keys on ``device``."""
-    from . import ops
-
     if ops.TUNING["local_select"] != "auto" or not on_gpu(device) or L >= (1 << 31) - (1 << 14):
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -154,9 +153,7 @@ def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last, 
     if L == 0:
         return torch.full((T, 1), -1, dtype=torch.int64, device=dev)
     n = min(k, L)
-    if _uses_cuda_select(dev, k, L):
-        from . import ops
-
+    if publish is not None or _uses_cuda_select(dev, k, L):  # (a publishing caller checked it)
         out = torch.empty(T, n, dtype=torch.int64, device=dev)
         ops.select(
             out,
@@ -214,8 +211,6 @@ def _choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> 
         why = "no GPU (interpreter or CPU)"
     else:
         try:
-            from . import ops
-
             cap = ops.max_keys(device.index if device.index is not None else torch.cuda.current_device())
             if W * k > cap:
                 why = f"W*topk = {W * k} keys exceed one CTA's shared memory ({cap})"
@@ -232,8 +227,6 @@ def _merge_lists(out: torch.Tensor, lists: torch.Tensor, W: int, k: int, impl: s
     """Merge ``lists [W, T, n]`` (each row sorted, -1 tail) into ``out [T, k]`` (no peers involved)."""
     _, T, n = lists.shape
     if impl == "cuda":
-        from . import ops
-
         lists = lists.contiguous()
         ops.merge(
             out,
@@ -461,15 +454,13 @@ class TopK:
         pub = None
         if (
             publish
+            and ops.TUNING["select_publish"]
             and self._buf is not None
             and 0 < T <= self.max_rows
             and self.merge_impl == "cuda"
             and _uses_cuda_select(self.device, self.topk, L)
         ):
-            from . import ops
-
-            if ops.TUNING["select_publish"]:
-                pub = ops.Publish(self._buf.peer_ptrs, self._state, self._inbox_word, self.topk, self.max_rows)
+            pub = ops.Publish(self._buf.peer_ptrs, self._state, self._inbox_word, self.topk, self.max_rows)
         keys = _local_keys(
             local_logits,
             seq_lens,
@@ -552,8 +543,6 @@ class TopK:
         T, n = keys.shape
         base = buf.peer_addrs[self.rank]
         if self.merge_impl == "cuda":
-            from . import ops
-
             ops.merge(
                 out,
                 own=keys.data_ptr(),
@@ -649,8 +638,6 @@ class TopK:
         if not published:
             return self.merge(keys)
         out = torch.empty(keys.shape[0], self.topk, dtype=torch.int32, device=self.device)
-        from . import ops
-
         # (the selection kernel did _publish's work, and lets the merge kernel launch early; the merge's grid is
         # computed once for the PDL rule and the launch)
         T, dev = keys.shape[0], self.device.index if self.device.index is not None else torch.cuda.current_device()

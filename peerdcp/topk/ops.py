@@ -171,17 +171,13 @@ def merge_pdl(
     one per SM after clustered selections (:func:`select_ctas` > 1), and by the SMs they fill
     (:func:`merge_ctas_per_sm` to an SM) after one-CTA selections.
 
-    By one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, k = 2048, x_pdl -
-    x_fused, µs): session 29 calls 2 / 4 - 16K / 64K local scores (clusters) W = 2, 1-8 rows 0.3-0.7 faster, 32 /
-    64 rows 1.0 / 1.9-2.6 slower; W = 4, 1-4 rows 0.4-1.1 faster, 8 rows 0.3-0.4 slower, 16-64 rows 1-6 slower.
-    Session 30 call 2 (8-32 rows): one-CTA rows of 2K / 4K scores 0.5-0.7 faster at W = 2 up to 24 rows (0.2 at
-    16), neutral at 32; at W = 4 0.45-0.66 faster at 8-14 rows, neutral at 16-20, 0.6 slower at 24 - where the
-    selection's rows and the merge's CTAs two to an SM stop fitting (W = 2: 26 rows, W = 4: 14), while counting
-    merge CTAs one per SM (the rule before) stopped at 14 and 7 rows. Clustered 16K rows: W = 2 8 rows 0.3 faster,
-    10-24 rows 0.2-1.9 slower, W = 4 8-32 rows 0.2-2.0 slower - counted one per SM, as before. Call 3, at the new
-    boundaries (2K / 8K scores): W = 2 26 rows 0.53-0.55 faster, 27-28 rows within 0.06; W = 4 14 rows 0.39-0.52
-    faster, 15 rows 0.01-0.10 faster, 16 rows within 0.16. W = 8 (one merge CTA per SM): 2-6 rows 0.4-0.8 faster,
-    so the rule leaves ~0.5 µs at 5-6 rows there (its loss side is unmeasured). Two GPUs have not run it.
+    Measured by one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, k = 2048;
+    RESULTS.md sessions 29 and 30): with PDL 0.3-1.1 µs faster inside the rule, up to 6 µs slower well past it.
+    One-CTA rows (<= 8K scores) gain 0.4-0.7 µs up to 26 rows at W = 2 and 14 at W = 4 and not past: the rule's
+    boundaries with merge CTAs two to an SM (one to an SM, the rule before, stopped at 14 and 7 rows). Clustered
+    rows lose inside the two-to-an-SM count (W = 2 x 10-24 rows of 16K: 0.2-1.9 µs), hence one to an SM there.
+    At W = 8 (one merge CTA per SM) 5-6 one-CTA rows still gained ~0.5 µs; the loss side there is unmeasured.
+    Two GPUs have not run it.
     ``launch_grid``: the merge's :func:`grid`, when the caller has it already (~1.7 µs of Python)."""
     forced = TUNING["select_merge_pdl"]
     if isinstance(forced, bool):

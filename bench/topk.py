@@ -12,7 +12,8 @@ top-k:
   the unique int64 keys (+ id extraction). Target: ``direct`` >= 4x faster at every row count.
 
 Part 2 - the indexer pipeline at 32K and 128K context, DeepSeek-V3.2 (64 indexer heads x 128) and GLM-5
-(32 heads), rows 1 ... 128 (one sequence per row, paged):
+(32 heads), rows 1 ... 128 (one sequence per row, paged; ``--contexts`` / ``--index-rows`` choose others, e.g. 16K
+context and 16-26 rows, where one-CTA selections take the merge by PDL):
 
 * ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
 * ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge; on a GPU
@@ -366,6 +367,18 @@ def main(argv: list[str] | None = None) -> int:
         help="part 3: these local scores per row (default: 4K to 128K)",
     )
     p.add_argument(
+        "--index-rows",
+        type=_int_list,
+        default=None,
+        help="part 2: these row counts (default: 1,8,32,64,128; --quick 1,32)",
+    )
+    p.add_argument(
+        "--contexts",
+        type=_int_list,
+        default=None,
+        help="part 2: these context lengths in tokens (default: 32768,131072)",
+    )
+    p.add_argument(
         "--breakdown", action="store_true", help="also time the direct merge's publish and merge kernels alone"
     )
     p.add_argument(
@@ -396,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())
     cfg = {
         "rows": [1, 8, 32, 128, 512] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
-        "index_rows": [1, 32] if args.quick else [1, 8, 32, 64, 128],
-        "contexts": [] if args.no_indexer else ([32768, 131072]),
+        "index_rows": args.index_rows or ([1, 32] if args.quick else [1, 8, 32, 64, 128]),
+        "contexts": [] if args.no_indexer else (args.contexts or [32768, 131072]),
         "merge": not args.no_merge,
         "local_rows": args.local_rows or ([1, 8, 32, 128] if args.quick else [1, 2, 8, 32, 64, 128]),
         "local_force": args.local_force,

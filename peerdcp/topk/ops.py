@@ -176,7 +176,8 @@ def merge_pdl(
     One-CTA rows (<= 8K scores) gain 0.4-0.7 µs up to 26 rows at W = 2 and 14 at W = 4 and not past: the rule's
     boundaries with merge CTAs two to an SM (one to an SM, the rule before, stopped at 14 and 7 rows). Clustered
     rows lose inside the two-to-an-SM count (W = 2 x 10-24 rows of 16K: 0.2-1.9 µs), hence one to an SM there.
-    At W = 8 (one merge CTA per SM) 5-6 one-CTA rows still gained ~0.5 µs; the loss side there is unmeasured.
+    At W = 8 (one merge CTA per SM; the cut-off mode from 10 rows) it takes PDL at 1-4 and 10-16 one-CTA rows:
+    5-12 rows gained 0.3-0.75 µs, 16 rows of 2K lost 0.2 - the rule leaves ~0.5 µs at 5-8 rows there.
     Two GPUs have not run it.
     ``launch_grid``: the merge's :func:`grid`, when the caller has it already (~1.7 µs of Python)."""
     forced = TUNING["select_merge_pdl"]

@@ -12,6 +12,11 @@ def is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def cuda_index(device: torch.device) -> int:
+    """The ordinal of CUDA ``device`` (the current device when it has no index)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def resolve_device(device: torch.device | str | int | None, *, cpu: bool = False, owner: str = "") -> torch.device:
     """The device an object's tensors live on.
 

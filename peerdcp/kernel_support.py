@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import cuda_index
 from .errors import MECHANISMS, PeerTimeoutError
 
 __all__ = [
@@ -72,7 +73,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def current_stream_handle(device: torch.device) -> int:
     """The ``cudaStream_t`` (as an int) of the current stream on CUDA ``device``, for ctypes launches."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     if _raw_stream is not None:
         return _raw_stream(index)
     return torch.cuda.current_stream(index).cuda_stream

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import cuda_index
 from .._dist import GroupInfo, agree
 from .buffer import PeerBuffer
 
@@ -20,7 +21,7 @@ def allocate_symm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuf
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    dev = device.index if device.index is not None else torch.cuda.current_device()
+    dev = cuda_index(device)
     torch.cuda.set_device(dev)
     err: BaseException | None = None
     t = hdl = None

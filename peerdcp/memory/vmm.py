@@ -24,6 +24,7 @@ import uuid
 
 import torch
 
+from .._checks import cuda_index
 from .._dist import GroupInfo, agree, all_gather_object
 from ._cuda import check, driver, tensor_from_device_ptr
 from .buffer import PeerBuffer
@@ -92,7 +93,7 @@ def _exchange_fds(info: GroupInfo, fd: int, timeout_s: float = 60.0) -> dict[int
 
 def allocate_vmm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuffer:
     cu = driver()
-    dev = device.index if device.index is not None else torch.cuda.current_device()
+    dev = cuda_index(device)
     torch.cuda.set_device(dev)
     torch.cuda.init()
     torch.empty(1, device=f"cuda:{dev}")  # make the primary context current for driver calls

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from .._checks import cuda_index
 from ..jit import load as load_jit
 from ..kernel_support import current_stream_handle, num_sms
 
@@ -185,11 +186,8 @@ def merge_pdl(
         return forced
     ctas = select_ctas(rows, device, length)
     per_row, _ = launch_grid if launch_grid is not None else grid(rows, world_size, topk, device)
-    merge_ctas = rows * per_row
-    if ctas == 1:
-        merge_sms = -(-merge_ctas // merge_ctas_per_sm(world_size, topk, device))
-        return rows + merge_sms <= num_sms(device)
-    return rows * ctas + merge_ctas <= num_sms(device)
+    per_sm = merge_ctas_per_sm(world_size, topk, device) if ctas == 1 else 1  # merge CTAs counted to an SM
+    return rows * ctas + -(-rows * per_row // per_sm) <= num_sms(device)
 
 
 def merge(
@@ -227,8 +225,7 @@ def merge(
     T = out.shape[0]
     stream = current_stream_handle(out.device)
     if launch_grid is None:
-        dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
-        launch_grid = grid(T, world_size, topk, dev)
+        launch_grid = grid(T, world_size, topk, cuda_index(out.device))
     rc = load().peerdcp_topk_merge(
         out.data_ptr(),
         own,
@@ -328,7 +325,7 @@ def select(
     The caller validated shapes; a launch error raises RuntimeError."""
     T, L = logits.shape
     stream = current_stream_handle(out.device)
-    dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
+    dev = cuda_index(out.device)
     rc = load().peerdcp_topk_select(
         out.data_ptr(),
         logits.data_ptr(),

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 import triton
 
-from .._checks import is_int, resolve_device
+from .._checks import cuda_index, is_int, resolve_device
 from .._dist import all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
@@ -115,7 +115,7 @@ def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
     """Whether ``_local_keys`` takes the CUDA selection (``ops.select``) for ``n`` of ``L`` keys on ``device``."""
     if ops.TUNING["local_select"] != "auto" or not on_gpu(device) or L >= (1 << 31) - (1 << 14):
         return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = cuda_index(device)
     if idx not in _SELECT_UNAVAILABLE:
         try:
             ops.select_max_n()
@@ -211,7 +211,7 @@ def _choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> 
         why = "no GPU (interpreter or CPU)"
     else:
         try:
-            cap = ops.max_keys(device.index if device.index is not None else torch.cuda.current_device())
+            cap = ops.max_keys(cuda_index(device))
             if W * k > cap:
                 why = f"W*topk = {W * k} keys exceed one CTA's shared memory ({cap})"
         except Exception as e:  # noqa: BLE001 - no nvcc / build failure: say so, use Triton
@@ -640,7 +640,7 @@ class TopK:
         out = torch.empty(keys.shape[0], self.topk, dtype=torch.int32, device=self.device)
         # (the selection kernel did _publish's work, and lets the merge kernel launch early; the merge's grid is
         # computed once for the PDL rule and the launch)
-        T, dev = keys.shape[0], self.device.index if self.device.index is not None else torch.cuda.current_device()
+        T, dev = keys.shape[0], cuda_index(self.device)
         launch_grid = ops.grid(T, self.world_size, self.topk, dev)
         pdl = ops.merge_pdl(T, self.world_size, self.topk, dev, local_logits.shape[1], launch_grid=launch_grid)
         self._merge_inbox(keys, out, pdl=pdl, launch_grid=launch_grid)

@@ -46,7 +46,6 @@
 // trim of step 4); a cluster of 8 splits the gathers 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8;
 // session 19, call 7; 18.3 us with 8 in session 25).
 #include <cooperative_groups.h>
-#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -255,12 +254,12 @@ __device__ __forceinline__ void sort_gathered(int64_t* buf, int count) {
   sort_desc<R, int64_t, NT>(v, buf);
 }
 
-using Scan = cub::BlockScan<int, kThreads>;
+static_assert(kThreads == 32 * 32, "block_exclusive_sum: one warp sum per lane");
 
 struct Shared {
   int64_t buf[kBuf];  // gathered keys (with C > 1 at the end: every CTA's, in CTA 0's); the sorts' exchange area
   int hist[kBins];
-  typename Scan::TempStorage scan;
+  int wsum[kThreads / 32];  // block_exclusive_sum: every warp's sum
   int count, bin, above, bin_count;
   int pub[2];                 // C > 1: this CTA's count of the last two gathers, read by its peers
   int counts[kMaxCluster];    // C > 1: every CTA's count of the last gather
@@ -270,6 +269,33 @@ struct Shared {
   int overflow;                   // bucket_top: a bucket of the n largest keys holds more than kMaxBucket
   int top_end;                    // bucket_top: the keys in the buckets that hold the n largest
 };
+
+// The exclusive prefix sum over the CTA of every thread's x, in thread order. One barrier: every warp scans its
+// lanes' values with shuffles and lane 31 stores the warp's sum; after the barrier every warp scans the 32 warp sums
+// itself. CUB's raking scan, used until session 31, has warp 0 add 32 partials serially twice between two barriers
+// (0.58 us of bucket_top's 4.1 at rows of 4K), and its storage and registers cost the kernel spills: with this scan
+// the selection is faster or equal at every measured shape (session 31, calls 2-3: rows of 2K / 4K 0.25-0.4 us,
+// 128 rows of 128K 1.0 us; CUB's warp-scans variant was 0.1-0.8 us slower than the raking one, call 1). Every
+// thread of the CTA calls it; two calls need a barrier between them (wsum is rewritten).
+__device__ __forceinline__ int block_exclusive_sum(int x, int* wsum) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  int w = wsum[lane];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, w, o);
+    if (lane >= o) w += y;
+  }
+  const int before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // the warps below this one (lane warp - 1)
+  return (warp == 0 ? 0 : before) + incl - x;
+}
 
 // ordered(-inf) and ordered(+inf): the score parts between them are finite (0 below: NaN)
 constexpr uint32_t kOrderedNegInf = 0x007fffffu, kOrderedPosInf = 0xff800000u;
@@ -327,9 +353,9 @@ struct BucketMap {
 // synchronizes)
 __device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
   const int tid = threadIdx.x;
-  int h[2] = {hist[2 * tid], hist[2 * tid + 1]}, st[2];
-  Scan(sh.scan).ExclusiveSum(h, st);
-  hist[2 * tid] = st[0], hist[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
+  const int h0 = hist[2 * tid], h1 = hist[2 * tid + 1];
+  const int st = block_exclusive_sum(h0 + h1, sh.wsum);
+  hist[2 * tid] = st, hist[2 * tid + 1] = st + h0;  // (each thread rewrites only the two bins it read)
   __syncthreads();
 }
 // The n largest of buf[0, count) (count <= kBuf unique keys >= 1), descending, stored to out[0, n) with -1 past
@@ -395,8 +421,8 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
   __syncthreads();
   const int last = (count < n ? count : n) - 1;  // the rank of the last key stored
   {
-    int h[2] = {start[2 * tid], start[2 * tid + 1]}, st[2];
-    Scan(sh.scan).ExclusiveSum(h, st);
+    const int h[2] = {start[2 * tid], start[2 * tid + 1]};
+    const int s0 = block_exclusive_sum(h[0] + h[1], sh.wsum), st[2] = {s0, s0 + h[0]};
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if (h[e] > 0 && st[e] <= last) {  // a bucket that holds ranks <= last
@@ -506,8 +532,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   // at shift 0 (keys are unique).
   auto radix_level = [&](int h1, int h0, uint64_t& P, int& shift, int& need, int width, int lo) -> int {
     const int hi = kBins - 1 - 2 * tid;
-    int above;  // keys in the bins above hi (a descending scan)
-    Scan(sh.scan).ExclusiveSum(h1 + h0, above);
+    const int above = block_exclusive_sum(h1 + h0, sh.wsum);  // keys in the bins above hi (a descending scan)
     if (above < need && need <= above + h1) {
       sh.bin = hi, sh.above = above, sh.bin_count = h1;
     } else if (above + h1 < need && need <= above + h1 + h0) {

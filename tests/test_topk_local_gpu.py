@@ -128,6 +128,8 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("ties", 2, 20000, 2048, 1, 0, 1, 10, 10, torch.int64),  # forced tokens beside scores of +-inf and NaN
     ("normal", 3, 4096, 2048, 2, 0, 1, 0, 0, torch.int64),
     ("ties", 3, 3000, 2048, 2, 1, 64, 0, 0, torch.int32),  # L < k: every valid key, sorted
+    ("normal", 3, 5000, 2048, 2, 1, 3, 4, 64, torch.int64),  # <= 4K local rows, I = 3: each key's id from gid
+    ("ties", 2, 7000, 2048, 2, 0, 64, 4, 64, torch.int64),  # <= 4K local rows, I = 64, forced windows
     ("normal", 2, 2048, 2048, 1, 0, 1, 0, 0, torch.int64),  # L = k
     ("normal", 4, 9000, 7, 2, 1, 1, 0, 0, torch.int64),  # small k
     ("normal", 2, 9000, 1, 1, 0, 1, 0, 0, torch.int64),  # k = 1

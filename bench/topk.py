@@ -33,6 +33,9 @@ selection kernel (``csrc/topk_select.cu``: keys from scores, radix select, share
 vs ``torch`` - the Triton keys kernel + ``torch.topk`` (what the stage ran before, and still runs above 2048
 candidates or without nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs it (``--world 1 --no-merge
 --no-indexer --local``). ``--local-force F,L`` force-includes each row's first F and last L tokens (scored +inf).
+``--local-scores indexer`` takes part 2's indexer scores (``Σ_h w_h · ReLU(q_h · k_s) · scale_s`` over random FP8 key
+bytes with power-of-two scales, 64 heads) instead of normal ones: a few far outliers, which the selection's bucket
+pass handled by its slow fallback (session 31).
 
 Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
 the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
@@ -282,6 +285,22 @@ def indexer_rank(cfg: dict) -> list[dict]:
     return out if r == 0 else []
 
 
+def _local_scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.device) -> torch.Tensor:
+    """``[T, L]`` fp32 scores for part 3: ``normal``, or ``indexer`` (part 2's scores of T random queries over L
+    random keys, 64 heads; one row at a time, so the ``[64, L]`` head products stay small)."""
+    if kind == "normal":
+        return torch.randn(T, L, generator=gen, device=dev)
+    H = 64
+    k8, ks = _random_keys(L, gen, dev)
+    kf = k8.float()
+    rows = []
+    for _ in range(T):
+        q = (torch.randn(H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn).float()
+        w = torch.randn(H, generator=gen, device=dev) * H**-0.5 * 128**-0.5
+        rows.append(((q @ kf.T).clamp_min(0) * w[:, None]).sum(0) * ks)
+    return torch.stack(rows)
+
+
 def local_rank(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
@@ -295,7 +314,8 @@ def local_rank(cfg: dict) -> list[dict]:
         for T in cfg["local_rows"]:
             gen = torch.Generator(device=dev).manual_seed(Lloc + T)
             nsets = 4 if T * Lloc * 4 < (64 << 20) else 1  # rotate inputs while they would stay in L2
-            logits = [torch.randn(T, Lloc, generator=gen, device=dev) for _ in range(nsets)]
+            kind = cfg.get("local_scores", "normal")
+            logits = [_local_scores(kind, T, Lloc, gen, dev) for _ in range(nsets)]
             lens = torch.full((T,), Lloc * W, dtype=torch.int64, device=dev)  # this rank owns Lloc of them
 
             def fn(i, logits=logits, lens=lens, n=nsets):
@@ -355,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         help="part 3: force-include the first / last this many tokens of each sequence (scored +inf)",
     )
     p.add_argument(
+        "--local-scores",
+        choices=("normal", "indexer"),
+        default="normal",
+        help="part 3: normal scores, or part 2's indexer scores over random FP8 keys (far outliers)",
+    )
+    p.add_argument(
         "--local-rows",
         type=_int_list,
         default=None,
@@ -404,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg["breakdown"] = args.breakdown
         cfg["publish_paths"] = args.publish_paths
         cfg.update(merge=not args.no_merge, local_rows=[2], local_lengths=[3000] if args.local else [])
-        cfg["local_force"] = args.local_force
+        cfg["local_force"], cfg["local_scores"] = args.local_force, args.local_scores
         cfg.update(calls=2, eager=False, device="cpu")
         return _report(_smoke(cfg, args.world or 2), cfg, args, time.time())
     cfg = {
@@ -414,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "merge": not args.no_merge,
         "local_rows": args.local_rows or ([1, 8, 32, 128] if args.quick else [1, 2, 8, 32, 64, 128]),
         "local_force": args.local_force,
+        "local_scores": args.local_scores,
         "local_lengths": (
             args.local_lengths
             or ([4096, 16384, 65536, 131072] if args.quick else [4096, 8192, 16384, 32768, 65536, 131072])
@@ -476,8 +503,8 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
         print(_table(index, cols))
     if local:
         print(
-            "\nLocal candidates, top 2048 of each row's local scores "
-            "(µs, CUDA graph, slowest rank; speedup = torch / cuda)"
+            f"\nLocal candidates, top 2048 of each row's local scores ({cfg.get('local_scores', 'normal')} scores; "
+            "µs, CUDA graph, slowest rank; speedup = torch / cuda)"
         )
         print(_table(local, ["local_len", "rows", "exact", "ctas", "cuda", "cuda_1cta", "torch", "speedup"]))
     if merge:

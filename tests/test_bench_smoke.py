@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_topk_cpu_smoke(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "bench.topk", "--cpu-smoke", "--local", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.topk", "--cpu-smoke", "--local", "--local-scores", "indexer"]
+        + ["--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -32,3 +33,4 @@ def test_bench_topk_cpu_smoke(tmp_path):
     assert res["merge"] and res["indexer"] and res["local"], res.keys()
     assert all(row["exact"] for row in res["merge"] + res["indexer"] + res["local"]), res
     assert {row["bytes_ratio"] for row in res["indexer"]} == {0.5}, res["indexer"]
+    assert res["config"]["local_scores"] == "indexer", res["config"]

@@ -309,12 +309,11 @@ def local_rank(cfg: dict) -> list[dict]:
 
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(cfg)
-    out = []
+    out, kind = [], cfg.get("local_scores", "normal")
     for Lloc in cfg["local_lengths"]:
         for T in cfg["local_rows"]:
             gen = torch.Generator(device=dev).manual_seed(Lloc + T)
             nsets = 4 if T * Lloc * 4 < (64 << 20) else 1  # rotate inputs while they would stay in L2
-            kind = cfg.get("local_scores", "normal")
             logits = [_local_scores(kind, T, Lloc, gen, dev) for _ in range(nsets)]
             lens = torch.full((T,), Lloc * W, dtype=torch.int64, device=dev)  # this rank owns Lloc of them
 

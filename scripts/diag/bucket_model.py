@@ -45,14 +45,12 @@ def overflows(v: np.ndarray, kmax: int) -> bool:
 
 
 def indexer_scores(L: int, gen) -> np.ndarray:
+    """One row of ``bench.topk`` part 2's indexer scores (``bench.topk._local_scores``)."""
     import torch
 
-    from bench.topk import _random_keys
+    from bench.topk import _local_scores
 
-    k8, ks = _random_keys(L, gen, torch.device("cpu"))
-    q = (torch.randn(64, 128, generator=gen) * 2).to(torch.float8_e4m3fn).float()
-    w = torch.randn(64, generator=gen) * 64**-0.5 * 128**-0.5
-    return (((q @ k8.float().T).clamp_min(0) * w[:, None]).sum(0) * ks).double().numpy()
+    return _local_scores("indexer", 1, L, gen, torch.device("cpu"))[0].numpy()
 
 
 def main() -> int:

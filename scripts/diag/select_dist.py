@@ -6,15 +6,15 @@
 a radix trim and a network sort when a bucket holding one of the n largest keys holds more than 32 keys. Normal
 scores (``bench.topk --local``) never do; heavy-tailed ones - such as ``bench.topk`` part 2's own indexer scores over
 random FP8 keys with power-of-two scales from 2^-9 to 2^-4 - can. This times ``_local_keys`` (top 2048, one rank,
-the library's CTA rule) per distribution: ``normal``, ``indexer`` (``Σ_h w_h · ReLU(q_h · k_s) · scale_s`` with
-``bench.topk``'s random queries, weights and keys, 64 heads), ``lognormal``; µs per call (a CUDA graph of 20 calls,
-median of 21 replays), keys checked equal to the torch path.
+the library's CTA rule) per distribution: ``normal`` and ``indexer`` (``bench.topk._local_scores``), ``lognormal``;
+µs per call (``merge_scaling._time``: CUDA graph of 20 calls, median of 50 replays), keys checked equal to the torch
+path. (Session 31's table in bench/RESULTS.md came from this script's first form, which timed 21 replays of its own
+graph.)
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from unittest import mock
@@ -23,71 +23,49 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from scripts.diag.merge_scaling import _time  # noqa: E402 - µs per call, CUDA graph of 20 calls, 50 replays
 
-def scores(kind: str, T: int, L: int, gen: torch.Generator) -> torch.Tensor:
-    from bench.topk import _random_keys
 
-    dev = torch.device("cuda")
-    if kind == "normal":
-        return torch.randn(T, L, generator=gen, device=dev)
+def scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.device) -> torch.Tensor:
+    """``[T, L]`` fp32 scores of one distribution."""
+    from bench.topk import _local_scores
+
     if kind == "lognormal":
         return torch.randn(T, L, generator=gen, device=dev).exp()
-    H = 64
-    k8, ks = _random_keys(L, gen, dev)
-    q = (torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn).float()
-    w = torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5
-    dots = torch.einsum("thd,sd->ths", q, k8.float()).clamp_min(0)
-    return ((dots * w[:, :, None]).sum(1) * ks[None, :]).contiguous()
+    return _local_scores(kind, T, L, gen, dev)
 
 
-def main() -> int:
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 16384, 65536])
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 32, 128])
     ap.add_argument("--kinds", nargs="+", default=["normal", "indexer", "lognormal"])
-    a = ap.parse_args()
+    from bench.common import run_ranks
+
+    run_ranks("scripts.diag.select_dist:rank_main", 1, vars(ap.parse_args()))  # one GPU, its own process group
+
+
+def rank_main(args: dict) -> None:
     from peerdcp.topk import ops
     from peerdcp.topk.selector import _local_keys
 
+    a = argparse.Namespace(**args)
+    dev = torch.device("cuda", torch.cuda.current_device())
     print("| local scores | rows | " + " | ".join(a.kinds) + " |")
-    print("|---:|---:|" + "---:|" * len(a.kinds))
+    print("|---:|---:|" + "---:|" * len(a.kinds), flush=True)
     for L in a.lengths:
         for T in a.rows:
             cells = []
             for kind in a.kinds:
-                gen = torch.Generator(device="cuda").manual_seed(L * 7 + T)
-                x = scores(kind, T, L, gen)
-                lens = torch.full((T,), L, dtype=torch.int64, device="cuda")
-
-                def fn(x=x, lens=lens):
-                    return _local_keys(x, lens, 2048, 0, 1, 1, 0, 0)
-
+                x = scores(kind, T, L, torch.Generator(device=dev).manual_seed(L * 7 + T), dev)
+                lens = torch.full((T,), L, dtype=torch.int64, device=dev)
                 with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
-                    want = fn()
-                same = torch.equal(fn(), want)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(3):
-                        fn()
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(20):
-                        fn()
-                times = []
-                for _ in range(21):
-                    torch.cuda._sleep(200_000)  # the host enqueues the events and the replay before they run
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    graph.replay()
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e) * 1e3 / 20)
-                cells.append(f"{statistics.median(times):.2f}{'' if same else ' (DIFFERS)'}")
+                    want = _local_keys(x, lens, 2048, 0, 1, 1, 0, 0)
+                same = torch.equal(_local_keys(x, lens, 2048, 0, 1, 1, 0, 0), want)
+                us = _time(lambda i, x=x, lens=lens: _local_keys(x, lens, 2048, 0, 1, 1, 0, 0))
+                cells.append(f"{us:.2f}{'' if same else ' (DIFFERS)'}")
             print(f"| {L} | {T} | " + " | ".join(cells) + " |", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

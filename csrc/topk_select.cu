@@ -26,8 +26,9 @@
 //      CTA 0 goes on alone, as one CTA per row does.
 //   3. The n largest of the <= kBuf gathered keys, sorted, by buckets (bucket_top: buckets spread over the gathered
 //      scores' range; the buckets that hold ranks < n are scattered in bucket order and a key's rank = its bucket's
-//      start + the keys of its bucket above it); the first n (or every valid one) are stored, -1 after.
-//   4. Where a bucket of the n largest would overflow (few distinct scores, far outliers): an exact radix select
+//      start + the keys of its bucket above it); the first n (or every valid one) are stored, -1 after. Where a
+//      bucket of the n largest would overflow, once more with buckets spread over the keys' bits (heavy tails).
+//   4. Where that overflows too (few distinct scores, far outliers amid a dense bulk): an exact radix select
 //      over the gathered keys keeps those above the n-th largest key's prefix (at most 2 * kThreads), then
 //      sort_desc sorts them (per-warp bitonic networks in registers, then merge-path merges of sorted runs in
 //      shared memory).
@@ -333,11 +334,12 @@ struct BucketMap {
   U lo;
   float f_lo, scale;
   bool by_score;
-  __device__ __forceinline__ BucketMap(U lo_, U hi) : lo(lo_) {
+  // allow_score false: over the values (their bits) even where the scores' range is finite and positive
+  __device__ __forceinline__ BucketMap(U lo_, U hi, bool allow_score = true) : lo(lo_) {
     f_lo = score32(static_cast<uint32_t>(lo >> kShift));
     const float f_range = score32(static_cast<uint32_t>(hi >> kShift)) - f_lo;
     scale = static_cast<float>(kBins) / f_range;
-    by_score = isfinite(f_lo) && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
+    by_score = allow_score && isfinite(f_lo) && f_range > 0.0f && isfinite(f_range) && isfinite(scale);
     if (!by_score) scale = static_cast<float>(kBins) / (static_cast<float>(hi - lo) + 1.0f);
   }
   __device__ __forceinline__ int operator()(U v) const {
@@ -349,13 +351,18 @@ struct BucketMap {
   }
 };
 
-// hist[0, kBins) replaced by its exclusive prefix sums (each thread two bins); every thread calls it (it
-// synchronizes)
-__device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
+// hist[0, kBins) replaced by its exclusive prefix sums, each thread two bins: h / st, its bins' counts and starts.
+// Every thread calls it; hist is read back only after the caller's next barrier.
+__device__ __forceinline__ void scan_pairs(int* hist, Shared& sh, int (&h)[2], int (&st)[2]) {
   const int tid = threadIdx.x;
-  const int h0 = hist[2 * tid], h1 = hist[2 * tid + 1];
-  const int st = block_exclusive_sum(h0 + h1, sh.wsum);
-  hist[2 * tid] = st, hist[2 * tid + 1] = st + h0;  // (each thread rewrites only the two bins it read)
+  h[0] = hist[2 * tid], h[1] = hist[2 * tid + 1];
+  st[0] = block_exclusive_sum(h[0] + h[1], sh.wsum), st[1] = st[0] + h[0];
+  hist[2 * tid] = st[0], hist[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
+}
+// scan_pairs, then a barrier
+__device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
+  int h[2], st[2];
+  scan_pairs(hist, sh, h, st);
   __syncthreads();
 }
 // The n largest of buf[0, count) (count <= kBuf unique keys >= 1), descending, stored to out[0, n) with -1 past
@@ -367,22 +374,33 @@ __device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
 // id order are settled inside a bucket by whole-key compares. Scores spread over a range (the usual case) put one to
 // a few keys in a bucket, so the selection of the n largest and their sort are the same few shared-memory passes
 // (the radix trim to 2 * kThreads keys and a bucket sort of those took ~3.5 us each, the network and merges 9.6:
-// session 24). Returns false, out and buf unchanged, when a bucket holding one of the n largest keys would hold more
-// than kMaxBucket keys (few distinct scores, far outliers; bucket 0: more than kMaxTopBucket): the caller then trims
-// and runs sort_gathered.
+// session 24). kByBits: the buckets evenly spaced over the keys' bits instead - about the log of |score| - which
+// spreads heavy tails (lognormal, Pareto, Cauchy-like scores put most keys in one bucket of the score map). When a
+// bucket holding one of the n largest keys would hold more than kMaxBucket keys (bucket 0: more than kMaxTopBucket)
+// it writes nothing (out and buf unchanged) and returns kBucketRetry where the map went by the scores (the caller
+// then calls bucket_top<true>), else kBucketOverflow (few distinct scores, far outliers amid a dense bulk: the caller
+// trims and runs sort_gathered). The second map is a second instance called only then, so the common path's code is
+// that of the one map (the same map retried in a loop inside one instance cost 0.1-0.35 us at every normal shape:
+// session 32, call 1).
 // Every thread of the CTA calls it (it synchronizes). Out of line in both kernel instances: inlined it cost ~0.6 us
 // at C = 8 even where it did not run (session 24), and the one-CTA gather 20 % at 128 rows (session 25, call 3) -
 // its registers.
-constexpr int kMaxBucket = 32;
+// (32 until session 32: heavy-tailed scores - a few far outliers stretching the range - then overflowed on 75-100 %
+// of rows of <= 4K keys and took the fallback, 2.4-2.7x the normal time, session 31 call 8; a bucket's rank loop
+// costs about its size in compares per key, far less than the trim and the network sort up to a few hundred keys)
+constexpr int kMaxBucket = 128;
 // bucket 0 takes every key of a +inf score (forced tokens: the first / last windows of a sequence, ranked among
 // themselves by id): up to this many before the fallback (its rank loop is then ~kMaxTopBucket compares per key)
 constexpr int kMaxTopBucket = 256;
-__device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
+static_assert(kMaxBucket <= kMaxTopBucket, "bucket_top's end bound: end <= last + kMaxTopBucket");
+enum BucketResult { kBucketDone, kBucketRetry, kBucketOverflow };
+template <bool kByBits>
+__device__ __noinline__ BucketResult bucket_top(int64_t* buf, int count, int n, int64_t* out, Shared& sh) {
   constexpr int R = kBuf / kThreads;
   const int tid = threadIdx.x;
   if (count == 0) {
     for (int i = tid; i < n; i += kThreads) out[i] = -1;
-    return true;
+    return kBucketDone;
   }
   int* start = sh.hist;
   // the range: the keys of finite scores (+inf scores - forced tokens - go to bucket 0, -inf and NaN to the last)
@@ -409,7 +427,7 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
   const bool finite = sh.kmin[0] <= sh.kmax[0];  // (none: by the keys over their whole range)
   const uint64_t lo = (static_cast<uint64_t>(sh.kmin[0]) << 31) | sh.kmin[1];
   const uint64_t hi = (static_cast<uint64_t>(sh.kmax[0]) << 31) | sh.kmax[1];
-  const BucketMap<uint64_t, 31> bucket(finite ? lo : 0ull, finite ? hi : ~0ull >> 1);
+  const BucketMap<uint64_t, 31> bucket(finite ? lo : 0ull, finite ? hi : ~0ull >> 1, !kByBits);
   int bs[R] = {};  // a key's bucket | its slot in the bucket << 16 (kBins, kBuf <= 2^16)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -421,8 +439,8 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
   __syncthreads();
   const int last = (count < n ? count : n) - 1;  // the rank of the last key stored
   {
-    const int h[2] = {start[2 * tid], start[2 * tid + 1]};
-    const int s0 = block_exclusive_sum(h[0] + h[1], sh.wsum), st[2] = {s0, s0 + h[0]};
+    int h[2], st[2];
+    scan_pairs(start, sh, h, st);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if (h[e] > 0 && st[e] <= last) {  // a bucket that holds ranks <= last
@@ -430,10 +448,9 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
         if (last < st[e] + h[e]) sh.top_end = st[e] + h[e];  // (one bucket holds rank `last`)
       }
     }
-    start[2 * tid] = st[0], start[2 * tid + 1] = st[1];  // (each thread rewrites only the two bins it read)
   }
   __syncthreads();
-  if (sh.overflow) return false;  // (the same in every thread; nothing written)
+  if (sh.overflow) return bucket.by_score ? kBucketRetry : kBucketOverflow;  // (the same in every thread; nothing written)
   const int end = sh.top_end;  // the keys of the buckets scattered: buf[0, end), end <= last + kMaxTopBucket
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -448,7 +465,7 @@ __device__ __noinline__ bool bucket_top(int64_t* buf, int count, int n, int64_t*
     if (rank < n) out[rank] = static_cast<int64_t>(key);
   }
   for (int i = last + 1 + tid; i < n; i += kThreads) out[i] = -1;  // rows of fewer than n keys
-  return true;
+  return kBucketDone;
 }
 
 // The estimate's thresholds sh.tau[0, kTries), highest first: for an expected count want_f = n + (kBuf - n) * f / 16
@@ -805,7 +822,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   }
 
   // ---- 3. the n largest of the count <= kBuf gathered keys, sorted and stored, by buckets
-  if (bucket_top(buf, count, n, out, sh)) {
+  // (the second map only where the first overflowed, and only where it went by the scores; see bucket_top)
+  const BucketResult br = bucket_top<false>(buf, count, n, out, sh);
+  if (br == kBucketDone || (br == kBucketRetry && bucket_top<true>(buf, count, n, out, sh) == kBucketDone)) {
     trace(4);
     trace(5);
     return;

@@ -101,6 +101,10 @@ def _scores(kind: str, T: int, L: int, g: torch.Generator) -> torch.Tensor:
         return x
     if kind == "lognormal":  # a heavy upper tail: most kept scores crowd the bottom of their range
         return torch.exp(3.0 * torch.randn(T, L, generator=g))
+    if kind == "cauchy":  # heavy tails both ways: the score map overflows, the retry by the keys' bits does not
+        return torch.tan(torch.pi * (torch.rand(T, L, generator=g) - 0.5))
+    if kind == "pareto":  # a Pareto (alpha 1) upper tail: the same, on positive scores
+        return 1.0 / (1.0 - torch.rand(T, L, generator=g)) - 1.0
     if kind == "ascending":  # every top key in the row's last slice: one CTA of a cluster gathers them all
         return torch.arange(L, dtype=torch.float32).repeat(T, 1) + torch.rand(T, 1, generator=g)
     raise ValueError(kind)
@@ -122,6 +126,9 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("outlier", 3, 30000, 2048, 1, 0, 1, 0, 0, torch.int64),
     ("lognormal", 3, 30000, 2048, 2, 1, 1, 0, 0, torch.int64),
     ("lognormal", 3, 4096, 2048, 1, 0, 1, 0, 0, torch.int64),
+    ("cauchy", 3, 4096, 2048, 1, 0, 1, 0, 0, torch.int64),  # bucket_top's second map (the retry by bits)
+    ("pareto", 3, 4096, 2048, 2, 1, 64, 4, 64, torch.int64),  # the same, with forced windows
+    ("cauchy", 3, 40000, 2048, 2, 0, 1, 0, 0, torch.int64),
     ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
     ("normal", 3, 30000, 2048, 2, 1, 1, 4, 64, torch.int64),  # forced windows: the +inf keys share bucket 0
     ("normal", 2, 20000, 2048, 1, 0, 1, 100, 300, torch.int64),  # more forced than bucket 0 takes: the fallback

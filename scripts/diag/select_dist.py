@@ -2,11 +2,13 @@
 
     python3 scripts/diag/select_dist.py [--lengths 2048 4096 16384 65536] [--rows 1 32 128]
 
-``bucket_top`` (csrc/topk_select.cu) spreads 2048 buckets evenly over the gathered keys' score range and falls back to
-a radix trim and a network sort when a bucket holding one of the n largest keys holds more than 32 keys. Normal
-scores (``bench.topk --local``) never do; heavy-tailed ones - such as ``bench.topk`` part 2's own indexer scores over
-random FP8 keys with power-of-two scales from 2^-9 to 2^-4 - can. This times ``_local_keys`` (top 2048, one rank,
-the library's CTA rule) per distribution: ``normal`` and ``indexer`` (``bench.topk._local_scores``), ``lognormal``;
+``bucket_top`` (csrc/topk_select.cu) spreads 2048 buckets evenly over the gathered keys' score range; when a bucket
+holding one of the n largest keys holds more than kMaxBucket keys it spreads them once more evenly over the keys'
+bits, and when that overflows too it falls back to a radix trim and a network sort (until session 32: kMaxBucket 32
+and no second map). Normal scores (``bench.topk --local``) never overflow; heavy-tailed ones - such as ``bench.topk``
+part 2's own indexer scores over random FP8 keys with power-of-two scales from 2^-9 to 2^-4 - can. This times
+``_local_keys`` (top 2048, one rank, the library's CTA rule) per distribution: ``normal`` and ``indexer``
+(``bench.topk._local_scores``), ``lognormal`` (sigma 1), ``cauchy``;
 µs per call (``merge_scaling._time``: CUDA graph of 20 calls, median of 50 replays), keys checked equal to the torch
 path. (Session 31's table in bench/RESULTS.md came from this script's first form, which timed 21 replays of its own
 graph.)
@@ -32,6 +34,8 @@ def scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.device) -
 
     if kind == "lognormal":
         return torch.randn(T, L, generator=gen, device=dev).exp()
+    if kind == "cauchy":
+        return torch.tan(torch.pi * (torch.rand(T, L, generator=gen, device=dev) - 0.5))
     return _local_scores(kind, T, L, gen, dev)
 
 
@@ -39,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 16384, 65536])
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 32, 128])
-    ap.add_argument("--kinds", nargs="+", default=["normal", "indexer", "lognormal"])
+    ap.add_argument("--kinds", nargs="+", default=["normal", "indexer", "lognormal", "cauchy"])
     from bench.common import run_ranks
 
     run_ranks("scripts.diag.select_dist:rank_main", 1, vars(ap.parse_args()))  # one GPU, its own process group

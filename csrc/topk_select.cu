@@ -269,6 +269,7 @@ struct Shared {
   unsigned smin, smax;            // sample_thresholds: the smallest and largest finite sample
   int overflow;                   // bucket_top: a bucket of the n largest keys holds more than kMaxBucket
   int top_end;                    // bucket_top: the keys in the buckets that hold the n largest
+  int overflow_by_bits;           // bucket_top<true>'s overflow (its own word: see bucket_top)
 };
 
 // The exclusive prefix sum over the CTA of every thread's x, in thread order. One barrier: every warp scans its
@@ -421,7 +422,10 @@ __device__ __noinline__ BucketResult bucket_top(int64_t* buf, int count, int n, 
       mn[1] = ip < mn[1] ? ip : mn[1], mx[1] = ip > mx[1] ? ip : mx[1];
     }
   }
-  if (tid == 0) sh.kmin[0] = sh.kmin[1] = ~0u, sh.kmax[0] = sh.kmax[1] = 0, sh.overflow = 0;
+  // bucket_top<true> runs right after bucket_top<false> returned kBucketRetry, without a barrier between: a warp
+  // still to read sh.overflow after the first call's last barrier must not see the second call's reset of it
+  int& overflow = kByBits ? sh.overflow_by_bits : sh.overflow;
+  if (tid == 0) sh.kmin[0] = sh.kmin[1] = ~0u, sh.kmax[0] = sh.kmax[1] = 0, overflow = 0;
   for (int i = tid; i < kBins; i += kThreads) start[i] = 0;
   block_min_max<2>(mn, mx, sh.kmin, sh.kmax);  // (its barriers: every key read, start zeroed)
   const bool finite = sh.kmin[0] <= sh.kmax[0];  // (none: by the keys over their whole range)
@@ -444,13 +448,14 @@ __device__ __noinline__ BucketResult bucket_top(int64_t* buf, int count, int n, 
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if (h[e] > 0 && st[e] <= last) {  // a bucket that holds ranks <= last
-        if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) sh.overflow = 1;
+        if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) overflow = 1;
         if (last < st[e] + h[e]) sh.top_end = st[e] + h[e];  // (one bucket holds rank `last`)
       }
     }
   }
   __syncthreads();
-  if (sh.overflow) return bucket.by_score ? kBucketRetry : kBucketOverflow;  // (the same in every thread; nothing written)
+  // (the same in every thread; nothing written)
+  if (overflow) return bucket.by_score ? kBucketRetry : kBucketOverflow;
   const int end = sh.top_end;  // the keys of the buckets scattered: buf[0, end), end <= last + kMaxTopBucket
 #pragma unroll
   for (int r = 0; r < R; ++r)

@@ -1,0 +1,106 @@
+"""A numpy model of the CUDA selection's threshold estimate (``sample_thresholds`` and the walk in
+csrc/topk_select.cu), on CPU: how many gather passes a row of more than 4096 local scores needs, per score
+distribution, with the samples bucketed even in score (the kernel) or even in their bits (about log |score|;
+session 32's measured, not kept, ``estimate_bits_*.patch``), and the crowding flag those patches used.
+
+    python3 scripts/diag/estimate_model.py [--lengths 8192 16384 65536 131072] [--rows 100]
+
+The kernel takes kSamples = 2048 evenly spaced scores of the row (4096 above 64K with one CTA), puts them into 2048
+buckets over their range, and takes as threshold f (kFrac = 1, 3, 5, 8, 11, 13, 15) the smallest sample of the bucket
+holding rank q_f = want_f · kSamples / nloc − 1, want_f = n + (kBuf − n) · f / 16. It gathers every key at or above
+the middle threshold (f = 8) and walks up or down while the count is outside [n, kBuf]; each step is one more pass
+over the row, and when the walk turns or runs out the radix select takes over (printed as 9 passes here).
+``crowded``: the middle threshold's bucket holds samples of more than (kBuf − n) / 4 of the row's keys. A model of
+the rule and the walk, not of the kernel's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.diag.bucket_model import ordered  # noqa: E402 - reference.ordered_bits in numpy
+
+N, KBUF, BINS = 2048, 4096, 2048
+KFRAC = (1, 3, 5, 8, 11, 13, 15)
+RADIX = 9  # printed for a walk that ends in the radix select
+
+
+def thresholds(x: np.ndarray, samples: int, bits: bool) -> list[tuple[int, int]]:
+    """Per threshold f: (samples in its bucket, keys of the row at or above it)."""
+    nloc = len(x)
+    xs = x[(np.arange(samples) * nloc) // samples].astype(np.float32)
+    o = ordered(xs)
+    if bits:
+        v = (o - o.min()) * BINS / (o.max() - o.min() + 1.0)
+    else:
+        s = xs.astype(np.float64)
+        v = (s - s.min()) * BINS / max(s.max() - s.min(), np.finfo(np.float64).tiny)
+    b = BINS - 1 - np.clip(v.astype(np.int64), 0, BINS - 1)
+    hist = np.bincount(b, minlength=BINS)
+    start = np.concatenate([[0], np.cumsum(hist)[:-1]])
+    ox = ordered(x.astype(np.float32))
+    out = []
+    for f in KFRAC:
+        q = min(max((N + (KBUF - N) * f // 16) * samples // nloc - 1, 0), samples - 1)
+        a = int(np.searchsorted(start, q, side="right") - 1)
+        out.append((int(hist[a]), int((ox >= o[b == a].min()).sum())))
+    return out
+
+
+def passes(th: list[tuple[int, int]]) -> int:
+    """Gather passes of the kernel's walk from the middle threshold (RADIX: it ends in the radix select)."""
+    t, d_prev, p = len(KFRAC) // 2, 0, 1
+    while True:
+        c = th[t][1]
+        d = -1 if c > KBUF else (1 if c < N else 0)
+        if d == 0:
+            return p
+        if d == -d_prev or not 0 <= t + d < len(KFRAC):
+            return RADIX
+        d_prev, t, p = d, t + d, p + 1
+
+
+def crowded(th: list[tuple[int, int]], nloc: int, samples: int) -> bool:
+    return th[len(KFRAC) // 2][0] * nloc > (KBUF - N) // 4 * samples
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", nargs="+", type=int, default=[8192, 16384, 65536, 131072])
+    ap.add_argument("--rows", type=int, default=100)
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    dists = {
+        "normal": lambda L: rng.standard_normal(L),
+        "uniform": lambda L: rng.random(L),
+        "lognormal s=2": lambda L: rng.lognormal(sigma=2, size=L),
+        "student t3": lambda L: rng.standard_t(3, size=L),
+        "pareto a=1": lambda L: rng.pareto(1, size=L),
+        "cauchy": lambda L: rng.standard_t(1, size=L),
+    }
+    print("| local scores | scores | crowded rows | passes, score map (mean / max) | bits map | bits where crowded |")
+    print("|---:|---|---:|---|---|---|")
+    for L in a.lengths:
+        samples = 4096 if L > 65536 else 2048
+        for name, f in dists.items():
+            flags, ps = [], {"score": [], "bits": [], "rule": []}
+            for _ in range(a.rows):
+                x = f(L)
+                s, b = thresholds(x, samples, False), thresholds(x, samples, True)
+                flags.append(crowded(s, L, samples))
+                ps["score"].append(passes(s))
+                ps["bits"].append(passes(b))
+                ps["rule"].append(passes(b if flags[-1] else s))
+            cells = " | ".join(f"{np.mean(v):.2f} / {max(v)}" for v in ps.values())
+            print(f"| {L} | {name} | {np.mean(flags):.2f} | {cells} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -32,13 +32,20 @@ def ordered(x: np.ndarray) -> np.ndarray:
     return np.where(u & 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)
 
 
+def buckets(v: np.ndarray) -> np.ndarray:
+    """The kernel's ``BucketMap`` in numpy: each value's bucket among BINS evenly spaced over [v.min(), v.max()],
+    descending (0: the largest). Float v: the score map; integer v (ordered bits): the bits map, whose width counts
+    hi - lo + 1 values as the kernel's does."""
+    lo, hi = v.min(), v.max()
+    width = max(hi - lo + (1 if v.dtype.kind == "i" else 0), np.finfo(np.float64).tiny) / BINS
+    return BINS - 1 - np.clip(((v - lo) / width).astype(np.int64), 0, BINS - 1)
+
+
 def overflows(v: np.ndarray, kmax: int) -> bool:
     """v: the mapped values, descending. True when a bucket of the N largest holds more than kmax (bucket 0: TOP)."""
-    lo, hi = v[-1], v[0]
-    if hi == lo:
+    if v[0] == v[-1]:
         return True
-    width = (hi - lo + (1 if v.dtype.kind == "i" else 0)) / BINS
-    b = BINS - 1 - np.clip(((v - lo) / width).astype(np.int64), 0, BINS - 1)
+    b = buckets(v)
     sizes = np.bincount(b, minlength=BINS)
     rel = np.unique(b[: min(N, len(v))])
     other = sizes[rel[rel != 0]]

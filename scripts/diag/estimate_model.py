@@ -24,9 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.diag.bucket_model import ordered  # noqa: E402 - reference.ordered_bits in numpy
+from scripts.diag.bucket_model import BINS, buckets, ordered  # noqa: E402 - the kernel's BucketMap, ordered_bits
 
-N, KBUF, BINS = 2048, 4096, 2048
+N, KBUF = 2048, 4096
 KFRAC = (1, 3, 5, 8, 11, 13, 15)
 RADIX = 9  # printed for a walk that ends in the radix select
 
@@ -36,12 +36,7 @@ def thresholds(x: np.ndarray, samples: int, bits: bool) -> list[tuple[int, int]]
     nloc = len(x)
     xs = x[(np.arange(samples) * nloc) // samples].astype(np.float32)
     o = ordered(xs)
-    if bits:
-        v = (o - o.min()) * BINS / (o.max() - o.min() + 1.0)
-    else:
-        s = xs.astype(np.float64)
-        v = (s - s.min()) * BINS / max(s.max() - s.min(), np.finfo(np.float64).tiny)
-    b = BINS - 1 - np.clip(v.astype(np.int64), 0, BINS - 1)
+    b = buckets(o if bits else xs.astype(np.float64))
     hist = np.bincount(b, minlength=BINS)
     start = np.concatenate([[0], np.cumsum(hist)[:-1]])
     ox = ordered(x.astype(np.float32))

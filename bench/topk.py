@@ -172,6 +172,13 @@ def _random_keys(n: int, gen: torch.Generator, dev: torch.device) -> tuple[torch
     return data.view(torch.float8_e4m3fn), scales
 
 
+def _random_queries(T: int, H: int, gen: torch.Generator, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``T`` random indexer query rows: FP8 queries ``[T, H, 128]`` (N(0, 4) before the cast) and fp32 head
+    weights ``[T, H]`` (N(0, 1 / (128 H)), the query scale folded in)."""
+    q = (torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn)
+    return q, torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5
+
+
 def indexer_case(ctx: int, T: int, H: int, W: int, gen: torch.Generator, dev: torch.device):
     """One indexer case: T rows of one ``ctx``-token sequence each (the same random keys in a replicated and an
     owner-sharded ``IndexKCache``), rotated over ``nsets`` input sets while they are small enough to stay in
@@ -198,8 +205,8 @@ def indexer_case(ctx: int, T: int, H: int, W: int, gen: torch.Generator, dev: to
         k8, ks = _random_keys(ctx, gen, dev)
         for c, _, span in caches.values():
             c.write(i * span + torch.arange(ctx, device=dev), k8, ks)
-    q = [(torch.randn(T, H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn)]
-    w = [torch.randn(T, H, generator=gen, device=dev) * H**-0.5 * 128**-0.5]
+    q0, w0 = _random_queries(T, H, gen, dev)
+    q, w = [q0], [w0]
     for _ in range(nsets - 1):
         q.append(q[0][torch.randperm(T, generator=gen, device=dev)])  # same on every rank
         w.append(w[0].flip(1).contiguous())
@@ -287,18 +294,14 @@ def indexer_rank(cfg: dict) -> list[dict]:
 
 def _local_scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.device) -> torch.Tensor:
     """``[T, L]`` fp32 scores for part 3: ``normal``, or ``indexer`` (part 2's scores of T random queries over L
-    random keys, 64 heads; one row at a time, so the ``[64, L]`` head products stay small)."""
+    random keys, 64 heads, by ``reference.index_scores``; one row at a time, so the ``[64, L]`` fp64 head
+    products stay small)."""
     if kind == "normal":
         return torch.randn(T, L, generator=gen, device=dev)
-    H = 64
+    from peerdcp.topk.reference import index_scores
+
     k8, ks = _random_keys(L, gen, dev)
-    kf = k8.float()
-    rows = []
-    for _ in range(T):
-        q = (torch.randn(H, 128, generator=gen, device=dev) * 2).to(torch.float8_e4m3fn).float()
-        w = torch.randn(H, generator=gen, device=dev) * H**-0.5 * 128**-0.5
-        rows.append(((q @ kf.T).clamp_min(0) * w[:, None]).sum(0) * ks)
-    return torch.stack(rows)
+    return torch.cat([index_scores(*_random_queries(1, 64, gen, dev), k8, ks) for _ in range(T)])
 
 
 def local_rank(cfg: dict) -> list[dict]:

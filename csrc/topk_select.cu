@@ -266,7 +266,6 @@ struct Shared {
   int counts[kMaxCluster];    // C > 1: every CTA's count of the last gather
   int64_t tau[kTries];  // the estimate's thresholds, highest first
   unsigned kmin[2], kmax[2];      // bucket_top: the finite keys' smallest / largest score part [0] and id part [1]
-  unsigned smin, smax;            // sample_thresholds: the smallest and largest finite sample
   int overflow;                   // bucket_top: a bucket of the n largest keys holds more than kMaxBucket
   int top_end;                    // bucket_top: the keys in the buckets that hold the n largest
   int overflow_by_bits;           // bucket_top<true>'s overflow (its own word: see bucket_top)
@@ -476,11 +475,12 @@ __device__ __noinline__ BucketResult bucket_top(int64_t* buf, int count, int n, 
 // The estimate's thresholds sh.tau[0, kTries), highest first: for an expected count want_f = n + (kBuf - n) * f / 16
 // of the row's keys at or above it (f = kFrac), the score part of the sample of rank q_f = want_f * kSamples / nloc
 // - 1 among kSamples evenly spaced local rows - approximately: the samples go into kBins buckets spread evenly over
-// their finite scores (infinities, NaN clamped to the end buckets), and the threshold is the smallest sample of the
+// a range of their finite scores that a few far outliers do not stretch (below; infinities, NaN and the samples
+// outside it clamped to the end buckets), and the threshold is the smallest sample of the
 // bucket holding rank q_f, so at most that bucket's other samples (one or two, unless the scores tie) more than the
 // exact rank. A histogram, a scan and a binary search per threshold instead of sorting the samples (the sort of 2048
 // took ~4.5 us, session 24). Every key of that score part or above passes the threshold: without the id part it
-// cannot split tied scores, which only the radix select's fallback then costs. buf: kBins x 4 bytes of scratch.
+// cannot split tied scores, which only the radix select's fallback then costs. buf: kBins + 64 words of scratch.
 // Every thread of the CTA calls it (it synchronizes); every CTA of a cluster computes the same thresholds.
 // R samples per thread (kSamples = R * kThreads): the count at a threshold of rank q among the samples has a relative
 // spread of about 1 / sqrt(q), so long rows need more samples for the same odds of a second gather pass (see
@@ -495,17 +495,42 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
     const int l = static_cast<int>(static_cast<int64_t>(r * kThreads + tid) * row.nloc / kSamples);
     o[r] = row.ordered(__ldg(row.x + l), l);
   }
-  if (tid == 0) sh.smin = ~0u, sh.smax = 0;
+  // per lane l: the smallest / largest finite sample of the samples s = l (mod 32), which spread over the whole row
+  // (0 / ~0u: none; neither is a finite score's ordered value). Scratch past bmin: buf holds no keys yet.
+  uint32_t* lane_lo = bmin + kBins;
+  uint32_t* lane_hi = lane_lo + 32;
+  if (tid < 32) lane_lo[tid] = ~0u, lane_hi[tid] = 0u;
   for (int i = tid; i < kBins; i += kThreads) sh.hist[i] = 0, bmin[i] = ~0u;
-  unsigned mn[1] = {~0u}, mx[1] = {0u};
+  unsigned mn = ~0u, mx = 0u;
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (o[r] > kOrderedNegInf && o[r] < kOrderedPosInf)
-      mn[0] = o[r] < mn[0] ? o[r] : mn[0], mx[0] = o[r] > mx[0] ? o[r] : mx[0];
-  block_min_max<1>(mn, mx, &sh.smin, &sh.smax);
+    if (o[r] > kOrderedNegInf && o[r] < kOrderedPosInf) mn = o[r] < mn ? o[r] : mn, mx = o[r] > mx ? o[r] : mx;
+  __syncthreads();  // (lane_lo / lane_hi initialized)
+  atomicMin(&lane_lo[tid & 31], mn);
+  atomicMax(&lane_hi[tid & 31], mx);
+  __syncthreads();
+  // The buckets' range, robust to a few far outliers: 8 groups of 4 lanes, lo = the largest group minimum, hi = the
+  // smallest group maximum (groups without a finite sample ignored). A far outlier (an attention sink, a large
+  // finite mask value, a heavy tail's extreme) among the samples otherwise stretches the range so that the bulk
+  // falls into a few buckets, the thresholds miss the gather's window and every miss is another pass over the row
+  // (one sample of 1e3 amid normal scores: 128 rows of 128K 41.6 -> 246 us, session 33). It takes an outlier in
+  // every group - 8 of them apart, or a run of ~29 consecutive samples - to stretch it. The samples outside it go to
+  // the end buckets; the walk's first threshold, of rank q >= 2048 * kSamples / nloc - 1 (63 at 128K), lies well
+  // inside (about 20 samples lie above hi for normal scores, 3 for sorted ones: scripts/diag/estimate_model.py).
+  const unsigned llo = lane_lo[tid & 31], lhi = lane_hi[tid & 31];
+  unsigned glo = llo, ghi = lhi;
+#pragma unroll
+  for (int d = 1; d < 4; d <<= 1) {
+    const unsigned a = __shfl_xor_sync(0xffffffffu, glo, d), b = __shfl_xor_sync(0xffffffffu, ghi, d);
+    glo = a < glo ? a : glo, ghi = b > ghi ? b : ghi;
+  }
+  const unsigned all_lo = __reduce_min_sync(0xffffffffu, llo), all_hi = __reduce_max_sync(0xffffffffu, lhi);
+  unsigned lo = __reduce_max_sync(0xffffffffu, glo == ~0u ? 0u : glo);
+  unsigned hi = __reduce_min_sync(0xffffffffu, ghi == 0u ? ~0u : ghi);
+  if (lo >= hi) lo = all_lo, hi = all_hi;  // (samples whose groups do not overlap, or one value: the whole range)
   // no finite sample: one range over every score part (the scores' range is then not finite: by the values)
-  const bool finite = sh.smin <= sh.smax;
-  const BucketMap<uint32_t, 0> bucket(finite ? sh.smin : 0u, finite ? sh.smax : ~0u);
+  const bool finite = all_lo <= all_hi;
+  const BucketMap<uint32_t, 0> bucket(finite ? lo : 0u, finite ? hi : ~0u);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int b = bucket(o[r]);

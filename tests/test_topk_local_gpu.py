@@ -105,6 +105,14 @@ def _scores(kind: str, T: int, L: int, g: torch.Generator) -> torch.Tensor:
         return torch.tan(torch.pi * (torch.rand(T, L, generator=g) - 0.5))
     if kind == "pareto":  # a Pareto (alpha 1) upper tail: the same, on positive scores
         return 1.0 / (1.0 - torch.rand(T, L, generator=g)) - 1.0
+    if kind == "sinks":  # far outliers where the estimate always samples: a sink, a finite mask value, a high window
+        x = torch.randn(T, L, generator=g)
+        x[:, 0], x[:, L // 2], x[:, L - 64 :] = 1e4, -1e30, 50.0
+        return x
+    if kind == "groups":  # samples of lanes 0-3 (s % 32 < 4, s = l // 8 at L = 16384) high, the rest low: the
+        # estimate's outlier-robust range is empty (largest group minimum above the smallest group maximum)
+        lane = (torch.arange(L) // 8) % 32
+        return torch.where(lane < 4, 100.0, -100.0) + 0.01 * torch.randn(T, L, generator=g)
     if kind == "ascending":  # every top key in the row's last slice: one CTA of a cluster gathers them all
         return torch.arange(L, dtype=torch.float32).repeat(T, 1) + torch.rand(T, 1, generator=g)
     raise ValueError(kind)
@@ -130,6 +138,10 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("pareto", 3, 4096, 2048, 2, 1, 64, 4, 64, torch.int64),  # the same, with forced windows
     ("cauchy", 3, 40000, 2048, 2, 0, 1, 0, 0, torch.int64),  # heavy tails: the estimate's thresholds miss the window
     ("pareto", 2, 131072, 2048, 1, 0, 1, 0, 0, torch.int64),  # the same with 4096 samples (one CTA)
+    ("sinks", 3, 30000, 2048, 1, 0, 1, 0, 0, torch.int64),  # the estimate's range without its far outliers
+    ("sinks", 2, 131072, 2048, 1, 0, 1, 0, 0, torch.int64),  # the same with 4096 samples (one CTA)
+    ("sinks", 3, 16384, 2048, 2, 1, 64, 4, 64, torch.int64),  # with forced windows (+inf: never in the range)
+    ("groups", 2, 16384, 2048, 1, 0, 1, 0, 0, torch.int64),  # no robust range: the samples' whole range
     ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
     ("normal", 3, 30000, 2048, 2, 1, 1, 4, 64, torch.int64),  # forced windows: the +inf keys share bucket 0
     ("normal", 2, 20000, 2048, 1, 0, 1, 100, 300, torch.int64),  # more forced than bucket 0 takes: the fallback

@@ -32,13 +32,16 @@ def ordered(x: np.ndarray) -> np.ndarray:
     return np.where(u & 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)
 
 
-def buckets(v: np.ndarray) -> np.ndarray:
-    """The kernel's ``BucketMap`` in numpy: each value's bucket among BINS evenly spaced over [v.min(), v.max()],
-    descending (0: the largest). Float v: the score map; integer v (ordered bits): the bits map, whose width counts
-    hi - lo + 1 values as the kernel's does."""
-    lo, hi = v.min(), v.max()
+def buckets(v: np.ndarray, lo=None, hi=None) -> np.ndarray:
+    """The kernel's ``BucketMap`` in numpy: each value's bucket among BINS evenly spaced over [lo, hi] (default
+    [v.min(), v.max()]; values outside go to the end buckets), descending (0: the largest). Float v: the score map;
+    integer v (ordered bits): the bits map, whose width counts hi - lo + 1 values as the kernel's does."""
+    lo = v.min() if lo is None else lo
+    hi = v.max() if hi is None else hi
     width = max(hi - lo + (1 if v.dtype.kind == "i" else 0), np.finfo(np.float64).tiny) / BINS
-    return BINS - 1 - np.clip(((v - lo) / width).astype(np.int64), 0, BINS - 1)
+    return (
+        BINS - 1 - np.clip((v - lo) / width, 0, BINS - 1).astype(np.int64)
+    )  # (clamped before the cast, as the kernel)
 
 
 def overflows(v: np.ndarray, kmax: int) -> bool:

@@ -1,7 +1,9 @@
 """A numpy model of the CUDA selection's threshold estimate (``sample_thresholds`` and the walk in
 csrc/topk_select.cu), on CPU: how many gather passes a row of more than 4096 local scores needs, per score
-distribution, with the samples bucketed even in score (the kernel) or even in their bits (about log |score|;
-session 32's measured, not kept, ``estimate_bits_*.patch``), and the crowding flag those patches used.
+distribution, with the samples bucketed even in score over their whole range (the kernel until session 32), over a
+range that a few far outliers do not stretch (the kernel since session 33: ``robust_range``), or even in their bits
+(about log |score|; session 32's measured, not kept, ``estimate_bits_*.patch``), and the crowding flag those patches
+and session 33's ``estimate_loop*.patch`` used.
 
     python3 scripts/diag/estimate_model.py [--lengths 8192 16384 65536 131072] [--rows 100]
 
@@ -31,12 +33,29 @@ KFRAC = (1, 3, 5, 8, 11, 13, 15)
 RADIX = 9  # printed for a walk that ends in the radix select
 
 
-def thresholds(x: np.ndarray, samples: int, bits: bool) -> list[tuple[int, int]]:
-    """Per threshold f: (samples in its bucket, keys of the row at or above it)."""
+def robust_range(xs: np.ndarray) -> tuple[float, float]:
+    """The samples' range in the kernel since session 33: sample s (kernel order: s = r * 1024 + thread) belongs to
+    lane s % 32, 8 groups of 4 lanes; the largest group minimum to the smallest group maximum, or the whole range
+    where those cross."""
+    lane = np.arange(len(xs)) % 32
+    lo_l = np.array([xs[lane == j].min() for j in range(32)])
+    hi_l = np.array([xs[lane == j].max() for j in range(32)])
+    lo, hi = lo_l.reshape(8, 4).min(1).max(), hi_l.reshape(8, 4).max(1).min()
+    return (lo, hi) if lo < hi else (xs.min(), xs.max())
+
+
+def thresholds(x: np.ndarray, samples: int, mode: str) -> list[tuple[int, int]]:
+    """Per threshold f: (samples in its bucket, keys of the row at or above it). mode: ``whole`` (the score map over
+    the samples' whole range, the kernel until session 32), ``robust`` (over ``robust_range``, the kernel since
+    session 33) or ``bits`` (over the samples' bits). Finite scores only."""
     nloc = len(x)
     xs = x[(np.arange(samples) * nloc) // samples].astype(np.float32)
     o = ordered(xs)
-    b = buckets(o if bits else xs.astype(np.float64))
+    if mode == "bits":
+        b = buckets(o)
+    else:
+        xd = xs.astype(np.float64)
+        b = buckets(xd, *robust_range(xd)) if mode == "robust" else buckets(xd)
     hist = np.bincount(b, minlength=BINS)
     start = np.concatenate([[0], np.cumsum(hist)[:-1]])
     ox = ordered(x.astype(np.float32))
@@ -78,18 +97,29 @@ def main() -> int:
         "student t3": lambda L: rng.standard_t(3, size=L),
         "pareto a=1": lambda L: rng.pareto(1, size=L),
         "cauchy": lambda L: rng.standard_t(1, size=L),
+        # normal scores with one far outlier (an attention sink) at local row 0, which the estimate always samples
+        "normal, sink 1e3": lambda L: np.concatenate([[1e3], rng.standard_normal(L - 1)]),
+        "normal, sink 1e4": lambda L: np.concatenate([[1e4], rng.standard_normal(L - 1)]),
+        # a finite mask value (-1e30) where the estimate samples, and a run of 64 sinks: one group of the robust range
+        "normal, mask -1e30": lambda L: np.concatenate([[-1e30], rng.standard_normal(L - 1)]),
+        "normal, 64 sinks 1e4": lambda L: np.concatenate([np.full(64, 1e4), rng.standard_normal(L - 64)]),
+        "sorted": lambda L: np.sort(rng.standard_normal(L)),
     }
-    print("| local scores | scores | crowded rows | passes, score map (mean / max) | bits map | bits where crowded |")
-    print("|---:|---|---:|---|---|---|")
+    print(
+        "| local scores | scores | crowded rows | passes, score map over the whole range (mean / max) | over the robust"
+        " range (the kernel) | bits map | bits where crowded |"
+    )
+    print("|---:|---|---:|---|---|---|---|")
     for L in a.lengths:
         samples = 4096 if L > 65536 else 2048
         for name, f in dists.items():
-            flags, ps = [], {"score": [], "bits": [], "rule": []}
+            flags, ps = [], {"score": [], "robust": [], "bits": [], "rule": []}
             for _ in range(a.rows):
                 x = f(L)
-                s, b = thresholds(x, samples, False), thresholds(x, samples, True)
+                s, b = thresholds(x, samples, "whole"), thresholds(x, samples, "bits")
                 flags.append(crowded(s, L, samples))
                 ps["score"].append(passes(s))
+                ps["robust"].append(passes(thresholds(x, samples, "robust")))
                 ps["bits"].append(passes(b))
                 ps["rule"].append(passes(b if flags[-1] else s))
             cells = " | ".join(f"{np.mean(v):.2f} / {max(v)}" for v in ps.values())

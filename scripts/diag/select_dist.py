@@ -8,7 +8,8 @@ bits, and when that overflows too it falls back to a radix trim and a network so
 and no second map). Normal scores (``bench.topk --local``) never overflow; heavy-tailed ones - such as ``bench.topk``
 part 2's own indexer scores over random FP8 keys with power-of-two scales from 2^-9 to 2^-4 - can. This times
 ``_local_keys`` (top 2048, one rank, the library's CTA rule) per distribution: ``normal`` and ``indexer``
-(``bench.topk._local_scores``), ``lognormal`` (sigma 1), ``cauchy``;
+(``bench.topk._local_scores``), ``lognormal`` (sigma 1), ``cauchy``, ``sinkX`` (normal, local row 0 scored X: one
+far outlier, always among the estimate's samples);
 µs per call (``merge_scaling._time``: CUDA graph of 20 calls, median of 50 replays), keys checked equal to the torch
 path. (Session 31's table in bench/RESULTS.md came from this script's first form, which timed 21 replays of its own
 graph.)
@@ -36,6 +37,10 @@ def scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.device) -
         return torch.randn(T, L, generator=gen, device=dev).exp()
     if kind == "cauchy":
         return torch.tan(torch.pi * (torch.rand(T, L, generator=gen, device=dev) - 0.5))
+    if kind.startswith("sink"):  # normal scores and one far outlier (an attention sink) at local row 0
+        x = torch.randn(T, L, generator=gen, device=dev)
+        x[:, 0] = float(kind[4:])
+        return x
     return _local_scores(kind, T, L, gen, dev)
 
 

@@ -515,8 +515,9 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
   // falls into a few buckets, the thresholds miss the gather's window and every miss is another pass over the row
   // (one sample of 1e3 amid normal scores: 128 rows of 128K 41.6 -> 246 us, session 33). It takes an outlier in
   // every group - 8 of them apart, or a run of ~29 consecutive samples - to stretch it. The samples outside it go to
-  // the end buckets; the walk's first threshold, of rank q >= 2048 * kSamples / nloc - 1 (63 at 128K), lies well
-  // inside (about 20 samples lie above hi for normal scores, 3 for sorted ones: scripts/diag/estimate_model.py).
+  // the end buckets: about 20 at each end for normal scores (up to ~45), 28 for sorted ones (estimate_model.py's
+  // robust_range). The walk's first threshold has rank q >= 2048 * kSamples / nloc - 1 (63 at 128K): inside the
+  // range up to 128K local scores; beyond, it can fall among the samples above hi, which costs one more pass.
   const unsigned llo = lane_lo[tid & 31], lhi = lane_hi[tid & 31];
   unsigned glo = llo, ghi = lhi;
 #pragma unroll

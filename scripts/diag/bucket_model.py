@@ -27,9 +27,12 @@ BINS, N, TOP = 2048, 2048, 256
 
 
 def ordered(x: np.ndarray) -> np.ndarray:
-    """reference.ordered_bits of fp32 scores, as int64."""
-    u = x.astype(np.float32).view(np.uint32).astype(np.int64)
-    return np.where(u & 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)
+    """``reference.ordered_bits`` of the scores as fp32 (int64, the kernel's 32-bit score parts)."""
+    import torch
+
+    from peerdcp.topk.reference import ordered_bits
+
+    return ordered_bits(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
 
 
 def buckets(v: np.ndarray, lo=None, hi=None) -> np.ndarray:

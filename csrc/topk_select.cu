@@ -66,19 +66,24 @@ constexpr int kUnroll = 2;  // float4 loads each thread has in flight per step (
 
 #ifdef PEERDCP_SELECT_TRACE
 // Diagnosis build only (scripts/diag/select_phases.py sets PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE): CTA 0's
-// thread 0 stamps %globaltimer at each phase boundary; peerdcp_topk_select_trace copies the stamps out.
-__device__ long long g_trace[8];
+// thread 0 stamps %globaltimer at each phase boundary (words 0-7) and counts the estimate's gather passes (word 8)
+// and bucket_top's retries by the keys' bits (word 9); peerdcp_topk_select_trace copies the 10 words out.
+__device__ long long g_trace[10];
 __device__ __forceinline__ void trace(int i) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (i == 0)
-      for (int j = 1; j < 8; ++j) g_trace[j] = 0;  // phases that do not run stay 0
+      for (int j = 1; j < 10; ++j) g_trace[j] = 0;  // phases that do not run stay 0
     g_trace[i] = t;
   }
 }
+__device__ __forceinline__ void trace_count(int i) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) ++g_trace[i];
+}
 #else
 __device__ __forceinline__ void trace(int) {}
+__device__ __forceinline__ void trace_count(int) {}
 #endif
 
 struct SelectParams {
@@ -789,6 +794,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       int t = kTries / 2, dir = 0;
       while (true) {
         count = gather_total(sh.tau[t]);
+        trace_count(8);
         const int d = count > kBuf ? -1 : (count < n ? 1 : 0);  // -1: a higher threshold (smaller f)
         if (d == 0 || d == -dir || t + d < 0 || t + d >= kTries) break;
         dir = d, t += d;
@@ -855,6 +861,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   // ---- 3. the n largest of the count <= kBuf gathered keys, sorted and stored, by buckets
   // (the second map only where the first overflowed, and only where it went by the scores; see bucket_top)
   const BucketResult br = bucket_top<false>(buf, count, n, out, sh);
+  if (br == kBucketRetry) trace_count(9);
   if (br == kBucketDone || (br == kBucketRetry && bucket_top<true>(buf, count, n, out, sh) == kBucketDone)) {
     trace(4);
     trace(5);
@@ -1069,6 +1076,6 @@ extern "C" int peerdcp_topk_select_max_n() { return kMaxN; }
 
 #ifdef PEERDCP_SELECT_TRACE
 extern "C" int peerdcp_topk_select_trace(long long* host) {
-  return static_cast<int>(cudaMemcpyFromSymbol(host, g_trace, sizeof(long long) * 8));
+  return static_cast<int>(cudaMemcpyFromSymbol(host, g_trace, sizeof(g_trace)));
 }
 #endif

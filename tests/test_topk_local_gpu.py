@@ -255,7 +255,8 @@ def test_gpu_select_estimate_ignores_one_far_outlier(ctas):
     ``bucket_top`` to its retry, 3-4 us: docs/wip/README.md.) It runs ``scripts/diag/select_phases.py --json`` on the
     trace build of the kernel (``-DPEERDCP_SELECT_TRACE``, its own cache entry: CTA 0 counts the passes and retries) in
     a subprocess; ctas 0 = the library's rule (clusters of 8 at one row above 4K), 1 = one CTA per row (4096 samples
-    at 128K)."""
+    at 128K). ~4 s each with the trace build in ``$PEERDCP_CACHE``; the first call otherwise compiles it (~1 min on
+    the device: prebuild it with ``PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE``, or give pytest-timeout room)."""
     root = Path(__file__).resolve().parents[1]
     kinds, lengths, reps = ["normal", "sink1e4", "sink-1e30"], [4096, 16384, 131072], 5
     cmd = [sys.executable, str(root / "scripts/diag/select_phases.py"), "--json", "--reps", str(reps)]

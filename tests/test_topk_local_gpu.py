@@ -147,9 +147,10 @@ CASES = [  # (scores, rows, L, k, W, rank, I, force_first, force_last, lengths d
     ("sinks", 2, 131072, 2048, 1, 0, 1, 0, 0, torch.int64),  # the same with 4096 samples (one CTA)
     ("sinks", 3, 16384, 2048, 2, 1, 64, 4, 64, torch.int64),  # with forced windows (+inf: never in the range)
     ("groups", 2, 16384, 2048, 1, 0, 1, 0, 0, torch.int64),  # no robust range: the samples' whole range
-    ("sinks", 3, 4096, 2048, 2, 1, 64, 4, 64, torch.int64),  # every key gathered: bucket_top's robust key range
-    ("sinks", 3, 2000, 2048, 1, 0, 1, 0, 0, torch.int64),  # L < k: the keys below that range stored too
-    ("outlier", 3, 4096, 2048, 1, 0, 1, 0, 0, torch.int64),  # five keys of 1e30 above it, in bucket 0
+    ("sinks", 3, 4096, 2048, 2, 1, 64, 4, 64, torch.int64),  # every key gathered, the sink and the mask too: the
+    # bucket_top map over their whole range overflows (its retry by bits, then the fallback)
+    ("sinks", 3, 2000, 2048, 1, 0, 1, 0, 0, torch.int64),  # L < k: every key stored, the -1e30 mask last
+    ("outlier", 3, 4096, 2048, 1, 0, 1, 0, 0, torch.int64),  # five keys of 1e30 among every key gathered
     ("normal", 5, 4097, 2048, 1, 0, 1, 3, 3, torch.int64),
     ("normal", 3, 30000, 2048, 2, 1, 1, 4, 64, torch.int64),  # forced windows: the +inf keys share bucket 0
     ("normal", 2, 20000, 2048, 1, 0, 1, 100, 300, torch.int64),  # more forced than bucket 0 takes: the fallback

@@ -25,7 +25,19 @@ from pathlib import Path
 
 __all__ = ["CSRC", "LIBRARIES", "host_check", "load", "load_library", "prebuild", "JitError", "nvcc_path"]
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+def _find_csrc() -> Path:
+    """The CUDA C++ sources: ``peerdcp/csrc/`` in an installed wheel (setup.py copies them there), else the
+    checkout's top-level ``csrc/`` (DESIGN.md section 2; an editable install). The wheel's place is tried first, so
+    a stray ``csrc`` folder beside an installed package is never taken."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "csrc", here.parent / "csrc"):
+        if (cand / "common.cuh").is_file():
+            return cand
+    return here.parent / "csrc"
+
+
+CSRC = _find_csrc()
 DEFAULT_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "--use_fast_math", "-lineinfo")
 
 
@@ -47,6 +59,12 @@ def _cache_dir() -> Path:
 def _target(name: str, sources: tuple[str, ...], flags: tuple[str, ...]) -> tuple[list[Path], Path, Path]:
     """Sources, cache folder and library path; the folder is keyed by sources, headers and flags."""
     paths = [CSRC / s for s in sources]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise JitError(
+            f"the CUDA C++ sources are missing ({', '.join(missing)}): this peerdcp was installed without them; "
+            "install it from a wheel or source distribution of this version, or from a checkout"
+        )
     h = hashlib.sha256()
     for p in paths:
         h.update(p.name.encode())

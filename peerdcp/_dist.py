@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import socket
+import weakref
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from .errors import PeerSetupError
 
-__all__ = ["GroupInfo", "resolve_group", "agree", "all_gather_object", "register_cpu_group"]
+__all__ = ["GroupInfo", "resolve_group", "agree", "agree_args", "all_gather_object", "register_cpu_group"]
 
-_GLOO_TWINS: dict[int, dist.ProcessGroup] = {}
+# group -> its gloo twin; weakly keyed, so a destroyed group's entry goes with it (keyed by id(), a later group
+# could take a dead one's id and be handed its twin, with other ranks)
+_GLOO_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -32,18 +35,23 @@ def _backend_name(group: dist.ProcessGroup) -> str:
         return ""
 
 
-def resolve_group(group: dist.ProcessGroup | None) -> GroupInfo:
+def resolve_group(group: dist.ProcessGroup | None, arg_error: BaseException | None = None) -> GroupInfo:
     """Resolve ``group`` (None = default group) and find or create its gloo twin.
 
     Creating the twin uses ``new_group(..., use_local_synchronization=True)``, so only the group's
-    members take part (a DCP group is usually a subset of the world).
+    members take part (a DCP group is usually a subset of the world). ``arg_error``: the caller's own argument
+    error, raised instead where there is no usable group to agree over (see :func:`agree_args`).
     """
     if not dist.is_available() or not dist.is_initialized():
+        if arg_error is not None:
+            raise arg_error
         raise ValueError("peerdcp needs an initialized torch.distributed process group (init_process_group)")
     pg = group if group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(pg))
     rank = dist.get_rank(pg)
     if rank < 0:
+        if arg_error is not None:
+            raise arg_error
         raise ValueError("this process is not a member of the given group")
     backend = _backend_name(pg)
     if "gloo" in backend and "nccl" not in backend:
@@ -51,18 +59,17 @@ def resolve_group(group: dist.ProcessGroup | None) -> GroupInfo:
     elif "gloo" in backend and "nccl" in backend:  # "cpu:gloo,cuda:nccl" handles both
         cpu = pg
     else:
-        key = id(pg)
-        cpu = _GLOO_TWINS.get(key)
+        cpu = _GLOO_TWINS.get(pg)
         if cpu is None:
             cpu = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
-            _GLOO_TWINS[key] = cpu
+            _GLOO_TWINS[pg] = cpu
     return GroupInfo(pg, cpu, rank, len(ranks), ranks)
 
 
 def register_cpu_group(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup) -> None:
     """Use ``cpu_group`` (gloo, same ranks) as the twin of ``group`` instead of creating one: a serving
     engine that already owns a gloo twin (SGLang's ``GroupCoordinator.cpu_group``) passes it here."""
-    _GLOO_TWINS.setdefault(id(group), cpu_group)
+    _GLOO_TWINS.setdefault(group, cpu_group)
 
 
 def all_gather_object(info: GroupInfo, obj: object) -> list:
@@ -79,6 +86,18 @@ def agree(info: GroupInfo, error: BaseException | str | None, what: str) -> None
     if bad:
         detail = "; ".join(f"rank {r}: {m}" for r, m in bad)
         raise PeerSetupError(f"{what} failed on {len(bad)} of {info.world_size} ranks: {detail}")
+
+
+def agree_args(info: GroupInfo, error: BaseException | None, what: str) -> None:
+    """Argument checks, all or nothing: the rank whose own check failed raises that error (a ValueError or
+    TypeError, as if alone); every other rank raises :class:`PeerSetupError` naming it, instead of waiting for it in
+    the next collective step until the process group's timeout."""
+    msgs = all_gather_object(info, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
+    if bad:
+        raise PeerSetupError(f"{what}: bad arguments on " + "; ".join(f"rank {r}: {m}" for r, m in bad))
 
 
 def hostname() -> str:

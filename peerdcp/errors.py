@@ -31,12 +31,18 @@ class PeerTimeoutError(PeerDCPError):
         peer: the rank whose signal never arrived.
         mechanism: which exchange waited ("output", "query", "topk", ...).
         epoch: the device epoch of the call that timed out (-1 if unknown).
+        timeout_s: the bound that expired, in seconds (None if unknown).
     """
 
     def __init__(self, rank: int, peer: int, mechanism: str, epoch: int = -1, timeout_s: float | None = None):
-        self.rank, self.peer, self.mechanism, self.epoch = rank, peer, mechanism, epoch
+        self.rank, self.peer, self.mechanism, self.epoch, self.timeout_s = rank, peer, mechanism, epoch, timeout_s
         wait = f" within {timeout_s:g} s" if timeout_s is not None else ""
         super().__init__(
             f"peerdcp {mechanism}: rank {rank} waited for peer {peer}{wait} and it never signalled "
             f"(epoch {epoch}); the object is now unusable and must be re-created"
         )
+
+    def __reduce__(self):
+        # (the default pickles the message as the only argument: unpickling then failed with a TypeError, and a
+        # worker pool reported a broken pool instead of this error)
+        return type(self), (self.rank, self.peer, self.mechanism, self.epoch, self.timeout_s)

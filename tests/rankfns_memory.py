@@ -178,3 +178,67 @@ def gpu_cycles(memory: str, n: int, nbytes: int) -> dict:
         "drops": drops,  # (cycle, bytes, torch caching-allocator reserved growth by then)
         "reserved_growth": torch.cuda.memory_reserved() - reserved0,
     }
+
+
+def one_rank_bad_args(bad_rank: int) -> list[str]:
+    """Every rank calls allocate(); rank ``bad_rank`` with a bad argument. The outcome per case, by type and a
+    prefix of the message (a rank that waited for the bad one until the group's timeout would never return)."""
+    out = []
+    for bad in ({"nbytes": 0}, {"nbytes": 1.5}, {"nbytes": 64, "memory": "nvshmem"}):
+        kwargs = dict(bad) if torch.distributed.get_rank() == bad_rank else {"nbytes": 4096}
+        nb = kwargs.pop("nbytes")
+        try:
+            peerdcp.memory.allocate(nb, memory=kwargs.pop("memory", "host"), device="cpu").close()
+            out.append("allocated")
+        except (ValueError, TypeError, PeerSetupError) as e:
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def close_after_peer_died(rank: int, world: int, init_file: str, q) -> None:
+    """Spawned (not a RankPool rank: one of them dies). Rank 1 exits after the allocation; rank 0's close() must
+    raise PeerSetupError and still unmap everything."""
+    import datetime
+
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    buf = peerdcp.memory.allocate(1 << 16, memory="host", device="cpu")
+    mapped = resources()["maps"]
+    torch.distributed.barrier()
+    if rank == 1:
+        os._exit(0)  # dies without close()
+    import time
+
+    time.sleep(1.0)
+    try:
+        buf.close()
+        outcome = "closed"
+    except PeerSetupError as e:
+        outcome = f"PeerSetupError: {e}"
+    except Exception as e:  # noqa: BLE001 - the outcome is the test's subject
+        outcome = f"{type(e).__name__}: {e}"
+    q.put({"mapped": mapped, "outcome": outcome, "closed": buf.closed, "after": resources()["maps"]})
+    q.close()
+    q.join_thread()
+    os._exit(0)
+
+
+def allocate_without_space(full_rank: int) -> str:
+    import errno
+    from unittest import mock
+
+    def no_space(fd, offset, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    patch = mock.patch("os.posix_fallocate", no_space) if torch.distributed.get_rank() == full_rank else None
+    try:
+        if patch is not None:
+            patch.start()
+        peerdcp.memory.allocate(1 << 20, memory="host", device="cpu").close()
+        return "allocated"
+    except PeerSetupError as e:
+        return f"PeerSetupError: {e}"
+    finally:
+        if patch is not None:
+            patch.stop()

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import peerdcp
 from peerdcp.errors import PeerTimeoutError
-from peerdcp.output.reference import dcp_reduce
+from peerdcp.output.reference import combine, dcp_reduce
 
 # Whole-output relative (Frobenius) error bound, and the per-element bound of one rounding to the output
 # dtype (unit roundoff: 2^-8 for bf16, 2^-11 for fp16) plus fp32-accumulation slack.
@@ -386,3 +386,47 @@ def breakdown_then_full(config: dict, T: int, seed: int) -> dict:
         res["after"] = float((got.float() - ref).norm() / ref.norm()) < 4e-3
         red.check()
     return res
+
+
+def auto_when_allocation_fails(config: dict, full_rank: int, cases: list[dict], seed: int) -> list[dict]:
+    """``backend="auto"`` where the probe passes but the allocation fails (ENOSPC injected into rank
+    ``full_rank``'s /dev/shm reservation): every rank falls back to a2a, and the calls still match the reference."""
+    import errno
+    from unittest import mock
+
+    def no_space(fd, offset, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if dist.get_rank() != full_rank:
+        return run_cases(config, cases, seed)
+    with mock.patch("os.posix_fallocate", no_space):
+        return run_cases(config, cases, seed)
+
+
+def a2a_combine_past_2_31() -> dict:
+    """See tests/test_output.py::test_a2a_combine_offsets_past_2_31."""
+    import triton
+
+    from peerdcp.output import kernels as K
+
+    W, H, D, T = 3, 1, 1024, (1 << 20) - 1
+    pb = H * D * 2
+    rb = -(-(pb + 4 * H) // 16) * 16
+    recv = torch.empty((W, T, rb), dtype=torch.uint8)  # as OutputReducer._a2a lays it out
+    rp = recv[:, :, :pb].view(torch.bfloat16).unflatten(-1, (H, D))[:, :1]  # token 0, with the full strides
+    rl = recv[:, :, pb : pb + 4 * H].view(torch.float32)[:, :1]
+    gen = torch.Generator().manual_seed(5)
+    for i in range(W):
+        rp[i, 0].copy_(torch.randn(H, D, generator=gen).to(torch.bfloat16))
+        rl[i, 0].copy_(torch.randn(H, generator=gen))
+    out = torch.full((1, H, D), float("nan"), dtype=torch.bfloat16)
+    out_lse = torch.full((1, H), float("nan"), dtype=torch.float32)
+    hb = K.heads_per_unit(H, D, 32)
+    K.combine_kernel[(1, triton.cdiv(H, hb))](
+        rp, rl, out, out_lse, *rp.stride()[:3], *rl.stride()[:3],
+        N=W, H=H, D=D, HB=hb, BLOCK_D=triton.next_power_of_2(D), BASE2=False, RETURN_LSE=True, GPU=False,
+    )  # fmt: skip
+    ref = combine(rp[:, 0].double(), rl[:, 0].double())
+    ok = bool(torch.allclose(out[0].double(), ref, rtol=2**-7, atol=2**-7))
+    return {"strides": 2 * rp.stride(0) >= 2**31 > rp.stride(0), "ok": ok, "got": out[0, 0, :3].tolist(),
+            "ref": ref[0, :3].tolist()}  # fmt: skip

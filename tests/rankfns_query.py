@@ -445,6 +445,11 @@ def bad_inputs() -> dict:
         "backend": dict(ctor, backend="nccl"),
         "memory": dict(ctor, memory="nvshmem"),
         "timeout_s": dict(ctor, timeout_s=-1),
+        "timeout_s inf": dict(ctor, timeout_s=float("inf")),  # (overflowed after the allocation, leaking it)
+        "timeout_s past the bound": dict(ctor, timeout_s=1e12),
+        "quant_scale inf in fp32": dict(ctor, quant_scale=1e39),
+        "quant_scale 0 in fp32": dict(ctor, quant_scale=1e-46),
+        "pad_heads_to=64.0": dict(ctor, pad_heads_to=64.0),
         "pad_heads_to=32": dict(ctor, pad_heads_to=32),
         "impl": dict(ctor, impl="cutlass"),
         "impl torch direct": dict(ctor, backend="direct", impl="torch"),

@@ -229,6 +229,7 @@ def bad_inputs(memory: str = "host", device: str = "cpu") -> dict:
         {"max_rows": 4, "memory": "gpu"},
         {"max_rows": 4, "interleave": 0},
         {"max_rows": 4, "timeout_s": 0},
+        {"max_rows": 4, "timeout_s": float("inf")},
         {"max_rows": 4, "merge_impl": "fast"},
         *([{"max_rows": 4, "merge_impl": "cuda"}] if dev.type == "cpu" else []),  # no GPU: not available
     ):
@@ -236,6 +237,13 @@ def bad_inputs(memory: str = "host", device: str = "cpu") -> dict:
         expect_error(lambda kw=kw: peerdcp.TopK(**kw))
     # geometry that differs across ranks: ValueError on every rank
     expect_error(lambda: peerdcp.TopK(max_rows=4, topk=K + r, memory=memory, device=dev))
+    # a bad argument on the last rank only: its own error there, a PeerSetupError naming it on the others (which
+    # used to wait for it in the next all-gather until the group's timeout)
+    try:
+        peerdcp.TopK(max_rows=0 if r == W - 1 else 4, topk=K, memory=memory, device=dev).close()
+        names.append("no error")
+    except (ValueError, TypeError, peerdcp.PeerSetupError) as e:
+        names.append(type(e).__name__ + (" names it" if f"rank {W - 1}" in str(e) else ""))
 
     lens = torch.tensor([5, 3 * K], device=dev)
     gl = tie_logits(2, 3 * K, 5)

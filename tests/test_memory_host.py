@@ -130,3 +130,44 @@ def test_ranks_share_gpus_only_with_fewer_gpus_than_ranks(monkeypatch):
             mock.patch("torch.cuda.device_count", return_value=ngpu),
         ):
             assert ranks_share_gpus(world) is want, (env, ngpu, world)
+
+
+def test_bad_argument_on_one_rank_raises_on_every_rank(pools):
+    """A bad argument on rank 1 raises there (ValueError / TypeError) and a PeerSetupError naming it on rank 0,
+    which used to wait for rank 1 in the probe's all-gather until the process group's timeout."""
+    res = pools(2).run(fns.one_rank_bad_args, 1, timeout=120)
+    assert [m.split(":")[0] for m in res[1]] == ["ValueError", "TypeError", "ValueError"], res[1]
+    for m in res[0]:
+        assert m.startswith("PeerSetupError: allocate: bad arguments on rank 1"), res[0]
+    assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_close_after_a_peer_died_raises_and_unmaps(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = str(tmp_path / "init")
+    procs = [ctx.Process(target=fns.close_after_peer_died, args=(r, 2, init, q), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        r = q.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert r["mapped"] == 2, r
+    assert r["outcome"].startswith("PeerSetupError: host close"), r
+    assert r["closed"] and r["after"] == 0, r
+    assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_a_full_dev_shm_is_a_setup_error_on_every_rank(pools):
+    """posix_fallocate reserves the segment's pages at allocation: a /dev/shm that cannot back them fails there,
+    on every rank, instead of a SIGBUS at the first store (here ENOSPC is injected on rank 1)."""
+    res = pools(2).run(fns.allocate_without_space, 1)
+    for r in res:
+        assert r.startswith("PeerSetupError") and "rank 1" in r and "No space" in r, r
+    assert glob.glob("/dev/shm/peerdcp-*") == []

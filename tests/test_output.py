@@ -135,6 +135,10 @@ def test_bad_construction_raises_on_every_rank(pools):
         "max_tokens": [dict(good, max_tokens=0)] * 2,
         "max_tokens type": [dict(good, max_tokens=2.5)] * 2,
         "timeout": [dict(good, timeout_s=0)] * 2,
+        "timeout inf": [dict(good, timeout_s=float("inf"))] * 2,  # (overflowed after the allocation, leaking it)
+        "timeout nan": [dict(good, timeout_s=float("nan"))] * 2,
+        "timeout past the bound": [dict(good, timeout_s=2e6)] * 2,
+        "one rank timeout inf": [good, dict(good, timeout_s=float("inf"))],
         "vmm on cpu": [dict(good, memory="vmm")] * 2,
         "one rank bad": [good, dict(good, head_dim=-1)],
     }
@@ -163,6 +167,27 @@ def test_missing_peer_raises_timeout(pools, world, absent):
         assert 1.0 < d["dt"] < 4 * 2.0, d  # ~ the 2 s timeout once, not once per program of the grid
     # with W = 3 the present ranks may also miss each other's late arrival, but rank `absent` is named
     assert any(f"peer={absent}" in d["first"] for r, d in enumerate(res) if r != absent)
+
+
+def test_auto_falls_back_when_the_allocation_fails(pools):
+    """The probe passes, the allocation fails (a full /dev/shm on rank 1): ``auto`` takes a2a on every rank, as
+    for an ineligible memory, instead of raising PeerSetupError; nothing stays in /dev/shm."""
+    cfg = dict(_config(2, "auto"), memory="auto")
+    cases = [dict(T=t, return_lse=bool(i % 2)) for i, t in enumerate([1, 8, 3])]
+    res = pools(2).run(fns.auto_when_allocation_fails, cfg, 1, cases, 31)
+    _assert_all_ok(res)
+    for rows in res:
+        assert rows[0]["backend"] == "a2a" and "allocation failed" in rows[0]["reason"], rows[0]
+        assert "rank 1" in rows[0]["reason"], rows[0]
+    assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_a2a_combine_offsets_past_2_31(pools):
+    """The a2a combine kernel's source offsets in int64: with W = 3 sources of 2^20 - 1 tokens of one 1024-wide
+    head, source 2 starts past 2^31 elements (int32 wrapped it ~4 GiB before the buffer: a crash or garbage). Only
+    token 0 is touched (the 6.5 GB buffer is never committed). One rank, under the interpreter."""
+    res = pools(1).run(fns.a2a_combine_past_2_31)
+    assert res[0]["strides"] and res[0]["ok"], res[0]
 
 
 def test_create_close_cycles_leave_nothing(pools):

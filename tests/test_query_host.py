@@ -75,6 +75,9 @@ def test_bad_inputs_raise_before_launch(pools):
         assert "max_tokens = 4" in e["call T > max_tokens"]
         assert "exposed_shard(T) first" in e["call gather_exposed first"]
         assert "closed" in e["closed call"]
+        assert "at most 1e+06 seconds" in e["ctor timeout_s inf"] and "at most" in e["ctor timeout_s past the bound"]
+        assert "finite in fp32" in e["ctor quant_scale inf in fp32"] and "fp32" in e["ctor quant_scale 0 in fp32"]
+        assert e["ctor pad_heads_to=64.0"].startswith("TypeError"), e["ctor pad_heads_to=64.0"]
 
 
 def test_missing_peer_raises_timeout(pools):

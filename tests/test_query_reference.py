@@ -47,6 +47,20 @@ def test_plain_table_and_presets():
         rope.cos_sin_cache("llama")
     with pytest.raises(ValueError, match="rope_dim"):
         rope.plain_cos_sin_cache(10, 15)
+    with pytest.raises(ValueError, match="max_pos must be positive"):  # (0 returned the preset's whole table)
+        rope.cos_sin_cache("glm-5", max_pos=0)
+
+
+def test_reference_clamps_positions_as_the_kernels_do():
+    """A position outside the table takes its nearest row, as the Triton and CUDA kernels do: -1 is row 0 (not
+    the last row), max_pos and beyond the last row (not an IndexError, nor a device assert on GPU)."""
+    cs = rope.plain_cos_sin_cache(8, 16)
+    gen = torch.Generator().manual_seed(3)
+    q_nope = torch.randn(4, 2, 16, generator=gen).to(torch.bfloat16)
+    q_pe = torch.randn(4, 2, 16, generator=gen).to(torch.bfloat16)
+    got = R.rope_query_rows(q_nope, q_pe, torch.tensor([-1, 0, 8, 100]), cs, out_dtype=torch.bfloat16)
+    want = R.rope_query_rows(q_nope, q_pe, torch.tensor([0, 0, 7, 7]), cs, out_dtype=torch.bfloat16)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("style", R.ROPE_STYLES)

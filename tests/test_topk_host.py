@@ -81,11 +81,13 @@ def test_fifty_back_to_back_without_barrier(pools, world, interleave):
 
 def test_bad_input_raises_before_launch(pools):
     res = pools(2).run(fns.bad_inputs)
-    for r in res:
+    for rank, r in enumerate(res):
         assert r["errors"] == (
             ["ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
+            + ["ValueError"]  # timeout_s inf
             + ["ValueError", "ValueError"]  # merge_impl unknown; merge_impl="cuda" without a GPU
             + ["ValueError"]
+            + ["ValueError" if rank == 1 else "PeerSetupError names it"]  # max_rows=0 on rank 1 only
             + ["TypeError", "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError"]
             + ["TypeError", "ValueError", "TypeError", "ValueError", "ValueError"]
         ), r["errors"]

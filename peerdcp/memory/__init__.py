@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import resolve_device
-from .._dist import GroupInfo, agree, all_gather_object, resolve_group
+from .._dist import GroupInfo, agree, agree_args, all_gather_object, resolve_group
 from .buffer import PeerBuffer
 from .probe import Capabilities, Check, KindReport, probe
 
@@ -23,6 +23,13 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def _check_pairing(memory: str, device: torch.device) -> None:
+    if memory == "host" and device.type == "cuda":
+        raise ValueError("memory='host' holds CPU tensors; device must be cpu")
+    if memory in ("vmm", "symm") and device.type != "cuda":
+        raise ValueError(f"memory={memory!r} needs a CUDA device, got {device}")
+
+
 def choose_memory(info: GroupInfo, memory: str, device: torch.device) -> tuple[str, str]:
     """Resolve ``memory`` ("auto" or a kind) for tensors on ``device``; collective. Returns (kind, reason).
 
@@ -31,11 +38,8 @@ def choose_memory(info: GroupInfo, memory: str, device: torch.device) -> tuple[s
     """
     if memory not in MEMORY_KINDS:
         raise ValueError(f"memory must be one of {MEMORY_KINDS}, got {memory!r}")
+    _check_pairing(memory, device)
     gpu = device.type == "cuda"
-    if memory == "host" and gpu:
-        raise ValueError("memory='host' holds CPU tensors; device must be cpu")
-    if memory in ("vmm", "symm") and not gpu:
-        raise ValueError(f"memory={memory!r} needs a CUDA device, got {device}")
     caps = probe(info.group, device=device.index if gpu else None)
     if memory == "auto":
         kind, reason = caps.auto(gpu=gpu)
@@ -72,31 +76,45 @@ def allocate(
         A :class:`PeerBuffer`; zero-filled on every rank before this returns.
 
     Raises:
-        ValueError / TypeError: bad arguments (before anything is allocated).
+        ValueError / TypeError: bad arguments on this rank (before anything is allocated).
+        PeerSetupError: bad arguments on another rank, or a rank failed later; raised on every rank, nothing left
+            allocated.
         RuntimeError: called during CUDA-graph capture.
-        PeerSetupError: a rank failed; raised on every rank, nothing left allocated.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
-    if nbytes <= 0:
-        raise ValueError(f"nbytes must be positive, got {nbytes}")
-    if _capturing():
+    if _capturing():  # (no collective may run inside a capture, not even the agreement below)
         raise RuntimeError(
             "peerdcp.memory.allocate() was called during CUDA-graph capture; allocate (and create every "
             "peerdcp object) before capturing"
         )
-    dev = resolve_device(device, cpu=memory == "host")
-    info = resolve_group(group)
+    # checked on every rank, then agreed: a bad argument on one rank raises there and a PeerSetupError elsewhere,
+    # where the ranks used to wait for it in the probe's all-gather until the process group's timeout
+    err: BaseException | None = None
+    dev = None
+    try:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+        if nbytes <= 0:
+            raise ValueError(f"nbytes must be positive, got {nbytes}")
+        if memory not in MEMORY_KINDS:
+            raise ValueError(f"memory must be one of {MEMORY_KINDS}, got {memory!r}")
+        dev = resolve_device(device, cpu=memory == "host")
+        _check_pairing(memory, dev)
+    except (TypeError, ValueError) as e:
+        err = e
+    info = resolve_group(group, err)
+    agree_args(info, err, "allocate")
     kind, _reason = choose_memory(info, memory, dev)
     fault = _fault[1] if _fault is not None and _fault[0] == info.rank else None
     if kind == "host":
         from .host import allocate_host
 
         return allocate_host(info, nbytes, fault=fault)
-    if kind == "vmm":
-        from .vmm import allocate_vmm
+    # the driver calls need the device current; the caller's current device is restored after them
+    with torch.cuda.device(dev):
+        if kind == "vmm":
+            from .vmm import allocate_vmm
 
-        return allocate_vmm(info, nbytes, dev)
-    from .symm import allocate_symm
+            return allocate_vmm(info, nbytes, dev)
+        from .symm import allocate_symm
 
-    return allocate_symm(info, nbytes, dev)
+        return allocate_symm(info, nbytes, dev)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._dist import GroupInfo, agree, all_gather_object
+from .._dist import GroupInfo, agree, agree_args
+from ..errors import PeerDCPError, PeerSetupError
 
 __all__ = ["PeerBuffer"]
 
@@ -91,26 +92,45 @@ class PeerBuffer:
         """Collective: set this rank's bytes ``[offset, offset + nbytes)`` to ``value`` (0..255) on every rank,
         then return only once every rank's fill has landed (device sync, then a barrier of the group), so no
         peer can store into the range before it holds ``value`` (a rest state that protocols rely on)."""
-        if not 0 <= value <= 255:
-            raise ValueError(f"value must be a byte (0..255), got {value}")
-        self.view(self.rank, (nbytes,), torch.uint8, offset).fill_(value)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        all_gather_object(self._info, None)
+        err: BaseException | None = None
+        try:
+            if not 0 <= value <= 255:
+                raise ValueError(f"value must be a byte (0..255), got {value}")
+            self.view(self.rank, (nbytes,), torch.uint8, offset).fill_(value)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except (TypeError, ValueError) as e:  # raised here, a PeerSetupError on the other ranks (none waits)
+            err = e
+        agree_args(self._info, err, "PeerBuffer.fill_collective")
 
     # --- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
         """Collective and idempotent: every rank must call it. Unmaps peers, releases memory, closes fds; returns
-        once every rank has done so."""
+        once every rank has done so.
+
+        Raises:
+            PeerSetupError: a peer did not take part (its process died, e.g. after a ``PeerTimeoutError``). This
+                rank's mappings are released all the same. A peer that is alive but never calls ``close()`` makes
+                it wait for the process group's own timeout.
+        """
         teardown, self._teardown = self._teardown, None
         if teardown is None:
             return
         self._peer_bytes = []
-        teardown()
-        # A rank's memory goes back to the system only when every peer has dropped its mapping of it too: wait
-        # for all, so that once close() returns on any rank the allocation is released everywhere. Without it a
-        # rank measured its next allocation with its last one still mapped by a slower peer (symm, 4 MiB, 2026-11-30).
-        agree(self._info, None, f"{self.memory} close (released)")
+        try:
+            teardown()  # (a barrier, then this rank's unmaps, which run even when the barrier fails)
+            # A rank's memory goes back to the system only when every peer has dropped its mapping of it too: wait
+            # for all, so that once close() returns on any rank the allocation is released everywhere. Without it
+            # a rank measured its next allocation with its last one still mapped by a slower peer (symm, 4 MiB,
+            # 2026-11-30).
+            agree(self._info, None, f"{self.memory} close (released)")
+        except PeerDCPError:
+            raise
+        except RuntimeError as e:  # the group's own failure (gloo: "Connection closed by peer")
+            raise PeerSetupError(
+                f"{self.memory} close: a peer did not take part ({type(e).__name__}: {e}); this rank's mappings "
+                "are released"
+            ) from e
 
     def __enter__(self) -> PeerBuffer:
         return self

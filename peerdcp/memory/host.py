@@ -1,11 +1,13 @@
 """Host memory: one POSIX shared-memory segment per rank, mapped by every process of one host.
 
 Protocol (each step agreed over the gloo group, all-or-nothing):
-1. each rank creates ``/dev/shm/peerdcp-<uuid>-r<rank>`` (O_EXCL, 0600), sizes and maps it;
+1. each rank creates ``/dev/shm/peerdcp-<uuid>-r<rank>`` (O_EXCL, 0600), sizes it, reserves its pages
+   (``posix_fallocate``: a full /dev/shm is a PeerSetupError here, not a SIGBUS at the first store) and maps it;
 2. names are all-gathered and every rank maps every peer's segment;
 3. once every rank has mapped every segment, each rank unlinks its own: a crashed process then leaves
    nothing in /dev/shm, and the pages live exactly as long as some mapping does.
-The fds are closed right after ``mmap``; ``close()`` is a barrier followed by ``munmap``.
+The fds are closed right after ``mmap``; ``close()`` is a barrier followed by ``munmap`` (which runs even when the
+barrier fails).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def allocate_host(info: GroupInfo, nbytes: int, *, fault: str | None = None) -> 
         linked = True
         try:
             os.ftruncate(fd, size)
+            # reserve the pages now: tmpfs sizes a file sparsely, and a store into a page a full /dev/shm cannot
+            # back kills the process with SIGBUS (Docker's default /dev/shm is 64 MiB); this fails here instead
+            os.posix_fallocate(fd, 0, size)
             mapped[info.rank] = _map_fd(fd, size)
         finally:
             os.close(fd)
@@ -138,10 +143,13 @@ def allocate_host(info: GroupInfo, nbytes: int, *, fault: str | None = None) -> 
     tensors = [_bytes_tensor(a, size)[:nbytes] for a in addrs]
 
     def teardown() -> None:
-        # No peer may still be storing into our segment or reading theirs.
-        agree(info, None, "host close (barrier)")
-        for a in addrs:
-            _unmap(a, size)
+        # No peer may still be storing into our segment or reading theirs. When the barrier fails (a peer died) the
+        # mappings go anyway: a live peer's own mapping keeps the pages it may still touch.
+        try:
+            agree(info, None, "host close (barrier)")
+        finally:
+            for a in addrs:
+                _unmap(a, size)
 
     return PeerBuffer(
         info=info,

@@ -50,12 +50,14 @@ def allocate_symm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuf
 
     def teardown() -> None:
         nonlocal t, hdl
-        torch.cuda.synchronize(dev)
-        agree(info, None, "symm close (barrier)")
-        # Dropping the last references frees this rank's block and its mappings of the peers' blocks.
-        t = hdl = None
-        tensors.clear()
-        buf._symm_handle = None  # (PeerBuffer.close then waits until every rank has released)
+        try:
+            torch.cuda.synchronize(dev)
+            agree(info, None, "symm close (barrier)")
+        finally:  # (also when the barrier fails: a peer died)
+            # Dropping the last references frees this rank's block and its mappings of the peers' blocks.
+            t = hdl = None
+            tensors.clear()
+            buf._symm_handle = None  # (PeerBuffer.close then waits until every rank has released)
 
     buf = PeerBuffer(
         info=info,

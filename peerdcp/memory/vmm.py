@@ -207,12 +207,16 @@ def allocate_vmm(info: GroupInfo, nbytes: int, device: torch.device) -> PeerBuff
 
     def teardown() -> None:
         nonlocal va
-        torch.cuda.synchronize(dev)
-        agree(info, None, "vmm close (barrier)")
-        for r in range(W):
-            check(cu.cuMemUnmap(cu.CUdeviceptr(base + r * stride), stride), "cuMemUnmap")
-        check(cu.cuMemAddressFree(cu.CUdeviceptr(base), W * stride), "cuMemAddressFree")
-        va = None
+        # When the barrier fails (a peer died) the mappings go anyway: the physical memory lives as long as some
+        # process maps it, so a live peer's own mapping keeps what it may still touch.
+        try:
+            torch.cuda.synchronize(dev)
+            agree(info, None, "vmm close (barrier)")
+        finally:
+            for r in range(W):
+                check(cu.cuMemUnmap(cu.CUdeviceptr(base + r * stride), stride), "cuMemUnmap")
+            check(cu.cuMemAddressFree(cu.CUdeviceptr(base), W * stride), "cuMemAddressFree")
+            va = None
 
     buf = PeerBuffer(
         info=info,

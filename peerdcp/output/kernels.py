@@ -335,17 +335,21 @@ def combine_kernel(
     dd = tl.arange(0, BLOCK_D)
     m2 = hm[:, None] & (dd < D)[None, :]
     mx = tl.full([HB], float("-inf"), tl.float32)
+    # the source index in int64 (t * 0 + i): Triton passes a stride below 2^31 as int32, and i * s_n passes 2^31 at
+    # large T (W = 8, 16 heads of 512 from ~37K tokens): in int32 it wrapped and read ~4 GiB before the buffer
     for i in tl.static_range(N):
-        l = tl.load(recv_lse + i * l_n + t * l_t + heads * l_h, mask=hm, other=float("-inf"))
+        l = tl.load(recv_lse + (t * 0 + i) * l_n + t * l_t + heads * l_h, mask=hm, other=float("-inf"))
         mx = tl.maximum(mx, _sanitize(l))
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     ssum = tl.zeros([HB], tl.float32)
     acc = tl.zeros([HB, BLOCK_D], tl.float32)
     for i in tl.static_range(N):
-        l = tl.load(recv_lse + i * l_n + t * l_t + heads * l_h, mask=hm, other=float("-inf"))
+        l = tl.load(recv_lse + (t * 0 + i) * l_n + t * l_t + heads * l_h, mask=hm, other=float("-inf"))
         w = _weight(_sanitize(l), mx, BASE2)
         x = tl.load(
-            recv + i * s_n + t * s_t + heads[:, None] * s_h + dd[None, :], mask=m2 & (w > 0)[:, None], other=0.0
+            recv + (t * 0 + i) * s_n + t * s_t + heads[:, None] * s_h + dd[None, :],
+            mask=m2 & (w > 0)[:, None],
+            other=0.0,
         )
         ssum += w
         acc += tl.where((w > 0)[:, None], w[:, None] * x.to(tl.float32), 0.0)

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import triton
 
-from .._checks import resolve_device
+from .._checks import resolve_device, timeout_problem
 from .._dist import agree, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
@@ -183,7 +183,9 @@ class OutputReducer:
         backend: ``"auto"`` | ``"direct"`` | ``"a2a"`` | ``"ag_rs"``.
         memory: peer memory for ``direct``: ``"auto"`` | ``"vmm"`` | ``"symm"`` | ``"host"``.
         lse_base: ``"e"`` (natural log: FlashMLA) or ``2`` (log2: FlashInfer, trtllm).
-        timeout_s: bound of every wait for a peer (> 0).
+        timeout_s: bound of every wait of the direct backend for a peer, in seconds (0 < timeout_s <= 1e6). The
+            collective backends (``a2a``, ``ag_rs``, and ``auto``'s fallback to them) wait as torch.distributed
+            does: a missing peer there ends in the process group's own timeout and error.
         device: CUDA device (default: current) or ``"cpu"`` (host memory, interpreter kernels).
         kernel: direct kernel: ``"auto"`` (:data:`DIRECT_KERNEL_DEFAULT` on CUDA, Triton on CPU),
             ``"cuda"`` (``csrc/output_direct.cu``; needs ``D % 8 == 0``, W <= 8) or ``"triton"``.
@@ -194,9 +196,9 @@ class OutputReducer:
         ll128_max_tokens: CUDA kernel only: calls with ``lo < T <= ll128_max_tokens`` use the LL128 protocol
             (flags inside 128-byte lines, as NCCL's LL128), ``lo = max(ll_max_tokens,
             TUNING["cuda_ll128_min_tokens"])``; other T the LL or plain protocol. Default
-            ``TUNING["cuda_ll128_max_tokens"]`` (48, with lo 20); 0 turns it off; the ``"ll128"`` entry of
-            ``TUNING["cuda_opts"]`` makes it every T above ``ll_max_tokens``; off with ``"tight_grid"`` or
-            ``"chunked"``.
+            ``TUNING["cuda_ll128_max_tokens"]`` (0: off; the sentinel kernel beat LL128 in its band, see TUNING);
+            the ``"ll128"`` entry of ``TUNING["cuda_opts"]`` makes it every T above ``ll_max_tokens``; off with
+            ``"tight_grid"`` or ``"chunked"``.
 
     Attributes: ``backend``, ``memory`` (None for collectives), ``kernel`` (direct only), ``reason``,
     ``rank``, ``world_size``, ``programs``.
@@ -263,8 +265,9 @@ class OutputReducer:
         except ValueError as e:
             problems.append((ValueError, str(e)))
             base = "e"
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            problems.append((ValueError, f"timeout_s must be a positive number of seconds, got {timeout_s!r}"))
+        bad_timeout = timeout_problem(timeout_s)
+        if bad_timeout:
+            problems.append((ValueError, bad_timeout))
         dev = None
         try:
             dev = resolve_device(device, cpu=memory == "host")
@@ -356,7 +359,19 @@ class OutputReducer:
                 self.reason = f"direct over {kind} memory" + (f" ({why})" if why else "")
         self.cuda_opts: tuple[str, ...] = ()
         if self.backend == "direct":
-            self._setup_direct(kernel, programs, ll, cuda_opts, l128, l128_min, sn)
+            try:
+                self._setup_direct(kernel, programs, ll, cuda_opts, l128, l128_min, sn)
+            except PeerSetupError as e:  # (on every rank alike: allocation is all-or-nothing)
+                if backend != "auto":
+                    raise
+                # eligible by the probe, yet the allocation failed (a container's private /dev/shm, a full one,
+                # a refused handle exchange): auto falls back as it does for an ineligible memory
+                if getattr(self, "_buf", None) is not None:
+                    self._buf.close()
+                self._buf = None
+                self.backend, self.memory, self.kernel, self.programs, self.cuda_opts = "a2a", None, None, None, ()
+                self.ll_max_tokens = self.ll128_max_tokens = 0
+                self.reason = f"peer memory allocation failed ({e}); falling back to a2a"
         self._closed = False
 
     # ------------------------------------------------------------------------------------ setup

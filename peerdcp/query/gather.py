@@ -31,7 +31,7 @@ import torch
 import triton
 
 from .. import memory as _memory
-from .._checks import is_int, resolve_device
+from .._checks import is_int, resolve_device, timeout_problem
 from .._dist import agree, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
@@ -207,7 +207,9 @@ class QueryGather:
             ``"allgather"`` (all-gather of the bf16 shards, then one fused RoPE + convert kernel), or
             ``"auto"`` (direct when peer memory is eligible on every rank, else allgather; see ``reason``).
         memory: ``"auto" | "vmm" | "symm" | "host"`` for the direct backend's exposed buffer.
-        timeout_s: bound on every wait for a peer (direct backend).
+        timeout_s: bound on every wait for a peer (direct backend), in seconds (0 < timeout_s <= 1e6). The
+            allgather backend (also ``auto``'s fallback) waits as torch.distributed does: a missing peer there
+            ends in the process group's own timeout and error.
         pad_heads_to: None, 64 or 128: zero-pad the widened heads to this count (FlashMLA's sparse decode
             takes 64 or 128 heads); must be >= W * H.
         impl: kernel: direct ``"cuda"`` (csrc/query_direct.cu) or ``"triton"``; allgather ``"triton"``
@@ -441,17 +443,22 @@ class QueryGather:
             raise TypeError(f"out_dtype must be torch.float8_e4m3fn or torch.bfloat16, got {out_dtype}")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(f"quant_scale must be a float, got {type(scale).__name__}")
-        if not (float(scale) > 0 and float(scale) < float("inf")):
-            raise ValueError(f"quant_scale must be positive and finite, got {scale}")
+        # the kernels multiply by its fp32 value: 1e39 there is inf (every output saturated), 1e-46 is 0
+        scale32 = torch.tensor(float(scale), dtype=torch.float32).item()
+        if not (scale32 > 0 and scale32 < float("inf")):
+            raise ValueError(f"quant_scale must be positive and finite in fp32, got {scale}")
         if out_dtype == torch.bfloat16 and float(scale) != 1.0:
             raise ValueError(f"quant_scale applies to FP8 output only; must be 1.0 with bfloat16 output, got {scale}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if memory not in _memory.MEMORY_KINDS:
             raise ValueError(f"memory must be one of {_memory.MEMORY_KINDS}, got {memory!r}")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        bad_timeout = timeout_problem(timeout_s)
+        if bad_timeout:
+            raise ValueError(bad_timeout)
         if pad is not None:
+            if not is_int(pad):
+                raise TypeError(f"pad_heads_to must be None or an int, got {type(pad).__name__}")
             if pad not in (64, 128):
                 raise ValueError(f"pad_heads_to must be None, 64 or 128, got {pad!r}")
             if pad < W * H:
@@ -741,7 +748,8 @@ class QueryGather:
         Enqueues (on the current stream) a bounded wait until every peer finished reading the previous
         exposed shard, then returns ``(q_nope [T, H, nope], q_pe [T, H, rope])`` bf16 views; write the
         projection into them on the same stream, then call :meth:`gather_exposed` with the same T.
-        The views alias the same memory every call (CUDA-graph friendly).
+        The views alias the same memory every call (CUDA-graph friendly), and only until :meth:`close`: the
+        memory under them is unmapped then, and a store through a kept view faults the process.
         """
         self._ready()
         if self.backend != "direct":

@@ -421,7 +421,9 @@ def direct_kernel(
         me = peer_pointer(peer_ptrs, rank, tl.int8)
         my_flags = me.to(tl.pointer_type(tl.int64))
         my_slot = me + data_off + slot * slot_bytes.to(tl.int64)
-        pe_region = max_tokens * H * NOPE  # elements: the raw slot's pe part follows its nope part
+        # elements: the raw slot's pe part follows its nope part (int64: max_tokens * H * NOPE passes 2^31 from 65536
+        # tokens of 64 x 512, and an int32 product wrapped the pe rows onto the nope rows)
+        pe_region = tl.cast(max_tokens, tl.int64) * (H * NOPE)
 
         # ---- publish: the bytes peers will read, then one system-scope release per peer
         if MODE == _RAW:

@@ -111,7 +111,9 @@ def rope_query_rows(
     ``compute_dtype`` fp32 is the kernels' exact contract; fp64 is the "true math" the tests bound the
     fp32 result against (within one output step).
     """
-    cs = cos_sin_cache[positions.long()].unsqueeze(1)  # [T, 1, rope]
+    # a position outside the table's rows takes the nearest row, as the kernels do (clamped, never an index error)
+    pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
+    cs = cos_sin_cache[pos].unsqueeze(1)  # [T, 1, rope]
     pe = apply_rope(q_pe, cs, rope_style, dtype=compute_dtype)
     full = torch.cat((q_nope.to(compute_dtype), pe), dim=-1)
     return convert_out(full, out_dtype, quant_scale)

@@ -175,7 +175,9 @@ def cos_sin_cache(
     else:
         raise TypeError(f"preset must be a name or YarnParams, got {type(preset).__name__}")
     if p.factor is None:
-        return plain_cos_sin_cache(max_pos or p.table_len, p.rope_dim, theta=p.theta, device=device)
+        return plain_cos_sin_cache(
+            p.table_len if max_pos is None else max_pos, p.rope_dim, theta=p.theta, device=device
+        )
     return yarn_cos_sin_cache(
         p.rope_dim,
         theta=p.theta,

@@ -52,8 +52,8 @@ import torch
 import torch.distributed as dist
 import triton
 
-from .._checks import cuda_index, is_int, resolve_device
-from .._dist import all_gather_object, resolve_group
+from .._checks import cuda_index, is_int, resolve_device, timeout_problem
+from .._dist import agree_args, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from ..memory import MEMORY_KINDS, allocate, choose_memory
@@ -338,28 +338,37 @@ class TopK:
         device: torch.device | str | int | None = None,
         merge_impl: str = "auto",
     ) -> None:
-        if not is_int(max_rows):
-            raise TypeError(f"TopK: max_rows must be an int, got {type(max_rows).__name__}")
-        if max_rows < 1:
-            raise ValueError(f"TopK: max_rows must be >= 1, got {max_rows}")
-        if not is_int(topk):
-            raise TypeError(f"TopK: topk must be an int, got {type(topk).__name__}")
-        if not 1 <= topk <= MAX_TOPK:
-            raise ValueError(f"TopK: topk must be in [1, {MAX_TOPK}], got {topk}")
-        if backend not in BACKENDS:
-            raise ValueError(f"TopK: backend must be one of {BACKENDS}, got {backend!r}")
-        if memory not in MEMORY_KINDS:
-            raise ValueError(f"TopK: memory must be one of {MEMORY_KINDS}, got {memory!r}")
-        if not is_int(interleave):
-            raise TypeError(f"TopK: interleave must be an int, got {type(interleave).__name__}")
-        if interleave < 1:
-            raise ValueError(f"TopK: interleave must be >= 1, got {interleave}")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"TopK: timeout_s must be a positive number, got {timeout_s!r}")
-        if merge_impl not in MERGE_IMPLS:
-            raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {merge_impl!r}")
-        dev = resolve_device(device, cpu=memory == "host", owner="TopK: ")
-        info = resolve_group(group)
+        # the arguments are checked on every rank, then agreed: a rank with a bad one raises its error and every
+        # other rank a PeerSetupError naming it (none waits for it in the next collective)
+        local_err: BaseException | None = None
+        dev = None
+        try:
+            if not is_int(max_rows):
+                raise TypeError(f"TopK: max_rows must be an int, got {type(max_rows).__name__}")
+            if max_rows < 1:
+                raise ValueError(f"TopK: max_rows must be >= 1, got {max_rows}")
+            if not is_int(topk):
+                raise TypeError(f"TopK: topk must be an int, got {type(topk).__name__}")
+            if not 1 <= topk <= MAX_TOPK:
+                raise ValueError(f"TopK: topk must be in [1, {MAX_TOPK}], got {topk}")
+            if backend not in BACKENDS:
+                raise ValueError(f"TopK: backend must be one of {BACKENDS}, got {backend!r}")
+            if memory not in MEMORY_KINDS:
+                raise ValueError(f"TopK: memory must be one of {MEMORY_KINDS}, got {memory!r}")
+            if not is_int(interleave):
+                raise TypeError(f"TopK: interleave must be an int, got {type(interleave).__name__}")
+            if interleave < 1:
+                raise ValueError(f"TopK: interleave must be >= 1, got {interleave}")
+            bad_timeout = timeout_problem(timeout_s)
+            if bad_timeout:
+                raise ValueError(f"TopK: {bad_timeout}")
+            if merge_impl not in MERGE_IMPLS:
+                raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {merge_impl!r}")
+            dev = resolve_device(device, cpu=memory == "host", owner="TopK: ")
+        except (TypeError, ValueError) as e:
+            local_err = e
+        info = resolve_group(group, local_err)
+        agree_args(info, local_err, "TopK")
         # the merge kernel is local to a rank (its inbox, its flags), but an impossible request must fail on
         # every rank alike and before any peer memory exists
         try:

@@ -809,3 +809,45 @@ def scoring_refused_cap(seed: int) -> dict:
         }
     c.close()
     return res
+
+
+@one_thread
+def audit_inputs(device: str = "cpu") -> dict:
+    """Session 35's audit: inputs that used to pass the checks and give wrong results (a seq_lens column view
+    read as contiguous; block-table starts off the alignment) or fail late (a 0-d k_scale, cache=None, a huge
+    max_seq_len with a block table, force_first = 2^63). Each must raise ValueError / TypeError."""
+    dev = _device(device)
+    K = 8
+    out = {}
+
+    def expect_error(name, fn) -> None:
+        try:
+            fn()
+            out[name] = "no error"
+        except (ValueError, TypeError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+
+    lens2d = torch.tensor([[3, 99], [20, 99]], device=dev)
+    logits = torch.randn(2, 64, device=dev)
+    expect_error("canonical_topk column lens", lambda: peerdcp.topk.canonical_topk(logits, lens2d[:, 0], K))
+    expect_error("canonical_topk force 2^63", lambda: peerdcp.topk.canonical_topk(logits, lens2d[:, 0].contiguous(),
+                                                                                  K, force_first=2**63))  # fmt: skip
+    with peerdcp.TopK(max_rows=4, topk=K, memory="host" if dev.type == "cpu" else "vmm", device=dev) as tk:
+        expect_error("select column lens", lambda: tk.select(logits, lens2d[:, 0]))
+    with peerdcp.IndexKCache(capacity_tokens=256, head_dim=32, page_size=16, device=dev) as c:
+        q = torch.zeros(2, 16, 32, device=dev).to(torch.float8_e4m3fn)
+        w = torch.zeros(2, 16, device=dev)
+        il = peerdcp.topk.indexer_logits
+        expect_error("indexer_logits column lens", lambda: il(q, w, c, lens2d[:, 0], max_seq_len=20))
+        expect_error("indexer_logits cache None", lambda: il(q, w, None, lens2d[:, 0].contiguous()))
+        bt = c.block_table(torch.tensor([0, c.seq_align]), 2).to(dev)
+        expect_error("indexer_logits max_seq_len 2^40", lambda: il(q, w, c, lens2d[:, 0].contiguous(), block_table=bt,
+                                                                   max_seq_len=2**40))  # fmt: skip
+        expect_error("block_table start off alignment", lambda: c.block_table(torch.tensor([c.seq_align // 2]), 2))
+        expect_error("block_table num_pages 2.5", lambda: c.block_table(torch.tensor([0]), 2.5))
+        expect_error("block_table float starts", lambda: c.block_table(torch.tensor([0.0]), 2))
+        k8, _ = random_keys(1, 32, 1)
+        expect_error("write 0-d k_scale", lambda: c.write(torch.tensor([0], device=dev), k8.to(dev),
+                                                          torch.tensor(1.0, device=dev)))  # fmt: skip
+        out["aligned table"] = str(bt.tolist())
+    return out

@@ -162,6 +162,14 @@ def test_gpu_bad_input(pools):
         assert "no error" not in r and f"ok (2, {local_length(9, 0, GPU_WORLD)})" in r, r
 
 
+def test_gpu_audit_inputs_raise(pools):
+    """tests/test_topk_host.py::test_audit_inputs_raise with CUDA tensors (the checks run before any launch)."""
+    for r in pools(GPU_WORLD, GPU_BACKEND).run(fns.audit_inputs, device="cuda"):
+        r.pop("aligned table")
+        for name, msg in r.items():
+            assert msg.startswith(("ValueError", "TypeError")), (name, msg)
+
+
 def test_gpu_missing_peer_times_out(pools):
     res = pools(GPU_WORLD, GPU_BACKEND).run(fns.missing_peer, 1, 2.0, memory="vmm", device="cuda")
     assert res[1] == "absent"

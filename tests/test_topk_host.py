@@ -346,3 +346,15 @@ def test_select_ctas_rule():
             assert ops.select_ctas(1, 0) == 3
         with mock.patch.dict(ops.TUNING, {"select_ctas": 99}):
             assert ops.select_ctas(1000, 0) == 8
+
+
+def test_audit_inputs_raise(pools):
+    """Inputs that passed the checks before session 35 and then gave wrong ids / scores or failed late."""
+    for r in pools(2).run(fns.audit_inputs):
+        table = r.pop("aligned table")
+        for name, msg in r.items():
+            assert msg.startswith(("ValueError", "TypeError")), (name, msg)
+        assert "contiguous" in r["select column lens"] and "contiguous" in r["indexer_logits column lens"], r
+        assert "contiguous" in r["canonical_topk column lens"], r
+        assert "seq_align" in r["block_table start off alignment"], r
+        assert table.startswith("[["), table

@@ -155,9 +155,22 @@ class IndexKCache:
 
     def block_table(self, seq_starts: torch.Tensor, num_pages: int) -> torch.Tensor:
         """``int32 [B, num_pages]``: local pages of sequences starting at logical slots ``seq_starts [B]``
-        (multiples of :attr:`seq_align`), for :func:`indexer_logits`. Pages past the cache are clamped."""
+        (multiples of :attr:`seq_align`, checked where ``seq_starts`` is on the CPU), for :func:`indexer_logits`.
+        Pages past the cache are clamped. (The scan kernels clamp any table entry into ``[0, num_pages)``: a
+        wrong entry reads a wrong page of this cache - finite scores of other tokens - never out of bounds.)"""
         if not isinstance(seq_starts, torch.Tensor) or seq_starts.dim() != 1:
             raise ValueError("IndexKCache.block_table: seq_starts must be a 1-D integer tensor [B]")
+        if seq_starts.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"IndexKCache.block_table: seq_starts must be int32/int64, got {seq_starts.dtype}")
+        if not is_int(num_pages) or num_pages < 0:
+            raise ValueError(f"IndexKCache.block_table: num_pages must be an int >= 0, got {num_pages!r}")
+        if seq_starts.device.type == "cpu" and seq_starts.numel():
+            bad = seq_starts[(seq_starts < 0) | (seq_starts % self.seq_align != 0)]
+            if bad.numel():  # (a start off the alignment tables the pages of other tokens)
+                raise ValueError(
+                    f"IndexKCache.block_table: seq_starts must be non-negative multiples of seq_align = "
+                    f"{self.seq_align}, got {bad[:4].tolist()}"
+                )
         start = seq_starts.to(torch.int64)
         first = (start // self.world_size if self.sharded else start) // self.page_size
         pages = first[:, None] + torch.arange(num_pages, device=start.device)[None, :]
@@ -169,7 +182,9 @@ class IndexKCache:
 
         Args:
             slots: ``[N]`` int32/int64 logical slots (sequence start + position); slots outside
-                ``[0, capacity_tokens)`` are skipped (SGLang pads with -1).
+                ``[0, capacity_tokens)`` are skipped (SGLang pads with -1). Slots must be distinct: of two writes
+                to one slot either may land (on a GPU the key bytes and the scale are separate stores, so they
+                may even mix); not checked, which would cost a sort and a device sync.
             k_fp8: ``[N, head_dim]`` float8_e4m3fn, rows contiguous.
             k_scale: ``[N]`` or ``[N, 1]`` fp32 per-token scales.
         """
@@ -184,7 +199,7 @@ class IndexKCache:
             raise ValueError(f"IndexKCache.write: k_fp8 must be contiguous [{N}, {D}], got {tuple(k_fp8.shape)}")
         if not isinstance(k_scale, torch.Tensor) or k_scale.dtype != torch.float32:
             raise TypeError("IndexKCache.write: k_scale must be an fp32 tensor [N] or [N, 1]")
-        if k_scale.numel() != N or k_scale.shape[0] != N:
+        if k_scale.dim() not in (1, 2) or k_scale.numel() != N or k_scale.shape[0] != N:
             raise ValueError(f"IndexKCache.write: k_scale must be [{N}] or [{N}, 1], got {tuple(k_scale.shape)}")
         for name, x in (("slots", slots), ("k_fp8", k_fp8), ("k_scale", k_scale)):
             if x.device != self.device:
@@ -436,6 +451,8 @@ def indexer_logits(
         ``[T, L_local_max]`` fp32 with ``L_local_max = local_length(max_seq_len, rank 0)`` (the largest over
         ranks), or ``pages * page_size`` from ``block_table`` when ``max_seq_len`` is None.
     """
+    if not isinstance(cache, IndexKCache):
+        raise TypeError(f"indexer_logits: cache must be an IndexKCache, got {type(cache).__name__}")
     store = cache._alive()
     dev = cache.device
     if not isinstance(q_fp8, torch.Tensor) or q_fp8.dtype != torch.float8_e4m3fn or q_fp8.dim() != 3:
@@ -455,6 +472,8 @@ def indexer_logits(
         raise TypeError("indexer_logits: seq_lens must be an int32/int64 tensor [T]")
     if tuple(seq_lens.shape) != (T,):
         raise ValueError(f"indexer_logits: seq_lens must be [{T}], got {tuple(seq_lens.shape)}")
+    if T > 1 and seq_lens.stride(0) != 1:  # (the kernels read seq_lens[t] at t: a column view read other lengths)
+        raise ValueError(f"indexer_logits: seq_lens must be contiguous, got stride {seq_lens.stride()}")
     if block_table is not None:
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
             raise TypeError("indexer_logits: block_table must be an int32 tensor [T, pages]")
@@ -470,7 +489,7 @@ def indexer_logits(
         if not is_int(max_seq_len) or max_seq_len < 0:
             raise ValueError(f"indexer_logits: max_seq_len must be a non-negative int, got {max_seq_len!r}")
         Lmax = ref.local_length(max_seq_len, 0, W, I) if cache.sharded else max_seq_len
-        if block_table is None and Lmax > cache.local_capacity:
+        if Lmax > cache.local_capacity:  # (no sequence holds more; with a block table too, where 2^40 was allocated)
             raise ValueError(
                 f"indexer_logits: max_seq_len {max_seq_len} needs {Lmax} local rows, the cache holds "
                 f"{cache.local_capacity} per rank"

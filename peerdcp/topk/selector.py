@@ -84,6 +84,8 @@ def _check_logits_and_lens(where: str, local_logits, seq_lens, device: torch.dev
         raise TypeError(f"{where}: seq_lens must be an int32/int64 tensor [T]")
     if tuple(seq_lens.shape) != (T,):
         raise ValueError(f"{where}: seq_lens must be [{T}] (one global length per row), got {tuple(seq_lens.shape)}")
+    if T > 1 and seq_lens.stride(0) != 1:  # (the kernels read seq_lens[t] at t: a column view read other lengths)
+        raise ValueError(f"{where}: seq_lens must be contiguous, got stride {seq_lens.stride()}")
     for name, x in (("local_logits", local_logits), ("seq_lens", seq_lens)):
         if x.device != device:
             raise ValueError(f"{where}: {name} is on {x.device}, expected {device}")
@@ -92,8 +94,8 @@ def _check_logits_and_lens(where: str, local_logits, seq_lens, device: torch.dev
 
 def _check_force(where: str, force_first: int, force_last: int) -> None:
     for name, v in (("force_first", force_first), ("force_last", force_last)):
-        if not is_int(v) or v < 0:
-            raise ValueError(f"{where}: {name} must be a non-negative int, got {v!r}")
+        if not is_int(v) or not 0 <= v <= _MAX_SEQ:  # (the CUDA kernel takes it as int64: 2^63 wrapped negative)
+            raise ValueError(f"{where}: {name} must be an int in [0, {_MAX_SEQ}], got {v!r}")
 
 
 def _check_lengths_on_host(where: str, seq_lens: torch.Tensor, L: int, rank: int, W: int, I: int) -> None:
@@ -316,8 +318,10 @@ class TopK:
             memory is eligible on every rank, else allgather; :attr:`reason` says why).
         memory: ``"auto"``, ``"vmm"``, ``"symm"`` or ``"host"`` (CPU tensors, for CI).
         interleave: ownership interleave I (DESIGN.md section 3); must equal the index cache's.
-        timeout_s: bound on every wait for a peer; past it the call is abandoned and ``PeerTimeoutError``
-            is raised by the next call or :meth:`check`.
+        timeout_s: bound on every wait of the direct exchange for a peer, in seconds (0 < timeout_s <= 1e6); past
+            it the call is abandoned and ``PeerTimeoutError`` is raised by the next call or :meth:`check`. The
+            all-gather (``backend="allgather"``, and rows beyond ``max_rows`` on any backend) waits as
+            torch.distributed does: a missing peer there ends in the process group's own timeout and error.
         device: CUDA device (default: current) or ``"cpu"`` (default when ``memory="host"`` or no CUDA).
         merge_impl: merge kernel, ``"auto"`` (CUDA C++ on a GPU when it builds and fits, else Triton),
             ``"cuda"`` or ``"triton"``; both give the same ids. Local to each rank (:attr:`merge_impl`).

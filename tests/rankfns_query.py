@@ -718,3 +718,24 @@ def gpu_bad_inputs() -> dict:
         good = bool(torch.equal(q.cpu().view(torch.uint8), ref.view(torch.uint8)))
         meta = (qg.backend, qg.memory, qg.impl, qg.reason)
     return {"errors": out, "good_after": good, "meta": meta}
+
+
+def subnormal_pe() -> dict:
+    """BF16 output with q_pe of bf16 subnormals (|x| < 2^-126): every CPU kernel path against the fp32 reference,
+    bit for bit (Triton 3.6's interpreter widens bf16 subnormals wrongly; the kernels widen the bits themselves)."""
+    W, me = dist.get_world_size(), dist.get_rank()
+    T, H = 2, 2
+    cs = plain_cos_sin_cache(64, 64)
+    g = torch.Generator().manual_seed(5)
+    nopes = [torch.randn(T, H, 512, generator=g).to(BF16) for _ in range(W)]
+    pes = [(torch.randn(T, H, 64, generator=g) * 5e-39).to(BF16) for _ in range(W)]
+    pos = torch.tensor([0, 17])
+    ref = widened_query(nopes, pes, pos, cs, out_dtype=BF16)
+    ref64 = widened_query(nopes, pes, pos, cs, out_dtype=BF16, compute_dtype=torch.float64)
+    res = {"ref32 == ref64": torch.equal(ref.view(torch.int16), ref64.view(torch.int16))}
+    for backend, ex in (("direct", "raw"), ("direct", "push"), ("allgather", None)):
+        kw = dict(exchange=ex) if ex else {}
+        with QueryGather(max_tokens=T, heads_per_rank=H, out_dtype=BF16, backend=backend, timeout_s=30.0, **kw) as qg:
+            q = qg.gather(nopes[me], pes[me], pos, cs)
+        res[f"{backend} {ex}"] = int((q.view(torch.int16) != ref.view(torch.int16)).sum())
+    return res

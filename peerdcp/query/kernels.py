@@ -177,6 +177,16 @@ def _cvt(v, quant_scale, OUT_FP8: tl.constexpr, GPU: tl.constexpr):
 
 
 @triton.jit
+def _bf16_to_f32(x, GPU: tl.constexpr):
+    """bf16 -> fp32, exactly. The GPU converts; Triton 3.6's interpreter widens bf16 subnormals wrongly (1.01e-39 ->
+    4.41e-39: CPU paths off the reference by up to 88 bf16 steps), so there the bits are widened by hand."""
+    if GPU:
+        return x.to(tl.float32)
+    else:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _rows_compute(
     nope_base,
     nope_off,
@@ -208,14 +218,14 @@ def _rows_compute(
     mn = mask_u[:, None] & (on[None, :] < NOPE)
     if OUT_FP8:
         xn = tl.load(nope_base + nope_off[:, None] + on[None, :], mask=mn, other=0.0, cache_modifier=CG)
-        nope_bits = _cvt(xn.to(tl.float32), quant_scale, OUT_FP8, GPU)
+        nope_bits = _cvt(_bf16_to_f32(xn, GPU), quant_scale, OUT_FP8, GPU)
     else:
         # bf16 out: the nope part passes through bit for bit
         nb16 = nope_base.to(tl.pointer_type(tl.int16))
         nope_bits = tl.load(nb16 + nope_off[:, None] + on[None, :], mask=mn, other=0, cache_modifier=CG)
     orr = tl.arange(0, ROPE)
     xp = tl.load(pe_base + pe_off[:, None] + orr[None, :], mask=mask_u[:, None], other=0.0, cache_modifier=CG)
-    xp = xp.to(tl.float32)
+    xp = _bf16_to_f32(xp, GPU)
     if NEOX:
         x0, x1 = tl.split(tl.permute(tl.reshape(xp, (BU, 2, HALF)), (0, 2, 1)))
     else:

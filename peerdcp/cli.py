@@ -31,10 +31,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib.util
     import runpy
 
-    sys.argv = [f"bench.{args.mechanism}", *args.rest]
-    runpy.run_module(f"bench.{args.mechanism}", run_name="__main__")
+    name = f"bench.{args.mechanism}"
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:  # the benchmarks live in the checkout (bench/), not in the installed package
+        print(f"peerdcp bench: {name} not found; run it from the root of a peerdcp checkout", file=sys.stderr)
+        return 2
+    sys.argv = [name, *args.rest]
+    runpy.run_module(name, run_name="__main__")
     return 0
 
 

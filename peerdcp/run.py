@@ -23,19 +23,37 @@ from .memory.probe import SHARED_GPU_ENV, ranks_share_gpus
 __all__ = ["add_run_arguments", "main_run"]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _row_list(text: str) -> list[int]:
+    return [_positive_int(x) for x in text.split(",")]
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    # (bad values are usage errors, exit 2, before any rank starts; exit 1 is a failed parity check)
     p.add_argument("--geometry", default="deepseek-v3.2", choices=sorted(GEOMETRIES), help="layer geometry")
     p.add_argument(
-        "--rows", default=None, help="decode rows T, or a comma list run one after another (default: 8 GPU, 2 CPU)"
+        "--rows", type=_row_list, default=None,
+        help="decode rows T, or a comma list run one after another (default: 8 GPU, 2 CPU)",
+    )  # fmt: skip
+    p.add_argument("--context", type=_positive_int, default=None, help="context length (default: 32768 GPU, 256 CPU)")
+    p.add_argument(
+        "--world", type=_positive_int, default=None, help="ranks (default: all GPUs if >= 2, else 2 CPU processes)"
     )
-    p.add_argument("--context", type=int, default=None, help="context length (default: 32768 on GPU, 256 on CPU)")
-    p.add_argument("--world", type=int, default=None, help="ranks (default: all GPUs if >= 2, else 2 CPU processes)")
     p.add_argument("--query-backend", default="auto", choices=["auto", "direct", "allgather"])
     p.add_argument("--topk-backend", default="auto", choices=["auto", "direct", "allgather"])
     p.add_argument("--output-backend", default="auto", choices=["auto", "direct", "a2a", "ag_rs"])
     p.add_argument("--memory", default="auto", choices=["auto", "vmm", "symm", "host"])
     p.add_argument("--scaled", action="store_true", help="use the scaled-down geometry even on GPUs")
-    p.add_argument("--reps", type=int, default=None, help="timed calls per mechanism (default: 50 GPU, 2 CPU)")
+    p.add_argument("--reps", type=_positive_int, default=None, help="timed calls per mechanism (50 GPU, 2 CPU)")
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--json", default=None, help="write the report as JSON to this path")
     p.add_argument("--png", default=None, help="write a bar chart of the timings to this path")
@@ -67,7 +85,10 @@ def main_run(args: argparse.Namespace) -> int:
     g = get_geometry(args.geometry)
     if not gpu or args.scaled:
         g = g.scaled_for_cpu()
-    row_list = [int(x) for x in str(args.rows).split(",")] if args.rows else [8 if gpu else 2]
+    if g.heads % world:  # (checked in the ranks too; here before any rank starts)
+        print(f"peerdcp run: {g.name}'s {g.heads} heads do not split over {world} ranks", file=sys.stderr)
+        return 2
+    row_list = args.rows if args.rows else [8 if gpu else 2]
     context = args.context or (32768 if gpu else 256)
     reps = args.reps or (50 if gpu else 2)
     backends = {"query": args.query_backend, "topk": args.topk_backend, "output": args.output_backend}

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path, *args: str) -> tuple[int, str, dict | None]:
@@ -71,3 +74,38 @@ def test_run_dcp4_and_dcp8_on_cpu_processes(tmp_path, world):
     assert all(c["ok"] and c["topk_equal"] for c in rep["check"])
     assert all(rep["objects"][0][m]["backend"] == "direct" for m in ("query", "topk", "output"))
     assert all(world * c["index_k_bytes_local"] == c["index_k_bytes_replicated"] for c in rep["capacity"])
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [(["--rows", "abc"], "not an integer"), (["--rows", "2,"], "not an integer"), (["--rows", "0"], ">= 1"),
+     (["--context", "-5"], ">= 1"), (["--world", "-1"], ">= 1"), (["--world", "0"], ">= 1"), (["--reps", "0"], ">= 1")],
+)  # fmt: skip
+def test_run_bad_arguments_are_usage_errors(argv, msg, capsys):
+    """Exit 2 with one line, before any rank starts (exit 1 means a failed parity check): these gave tracebacks
+    from the ranks, a vacuous PASS with NaN timings, or fell back to the defaults silently."""
+    from peerdcp.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", *argv])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_run_refuses_a_world_the_heads_do_not_split_over(capsys):
+    from peerdcp.cli import main
+
+    assert main(["run", "--world", "3"]) == 2  # (8 heads: the ranks found it ~50 s after starting)
+    assert "do not split over 3 ranks" in capsys.readouterr().err
+
+
+def test_bench_outside_a_checkout_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from peerdcp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(REPO))])
+    for mod in [m for m in sys.modules if m == "bench" or m.startswith("bench.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    assert main(["bench", "topk"]) == 2
+    assert "not found" in capsys.readouterr().err

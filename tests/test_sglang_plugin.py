@@ -607,3 +607,43 @@ def test_sglang_merge_and_query_routed_two_ranks(pools):
         assert {(o["route"], o["memory"]) for o in rr["objects"]} == {("output", "host"), ("query", "host")}, rr
     for rr in pool.run(R.close_workspaces):
         assert rr == {"closed": 2, "left": 0}
+
+
+def test_env_knobs_are_checked_with_the_flags():
+    """``PEERDCP_SGLANG_TIMEOUT_S`` / ``PEERDCP_SGLANG_MAX_TOKENS`` are validated with the flags (before session 35
+    a bad value passed the launcher and failed in every worker as a bare ValueError)."""
+    assert O.env_problems({}) == []
+    assert O.env_problems({O.ENV_TIMEOUT: "30", O.ENV_MAX_TOKENS: "64"}) == []
+    for env, what in (({O.ENV_TIMEOUT: "ten"}, "not a number"), ({O.ENV_TIMEOUT: "inf"}, "at most"),
+                      ({O.ENV_TIMEOUT: "0"}, "positive"), ({O.ENV_MAX_TOKENS: "0"}, "positive integer"),
+                      ({O.ENV_MAX_TOKENS: "8.5"}, "positive integer")):  # fmt: skip
+        (msg,) = O.env_problems(env)
+        assert what in msg, (env, msg)
+
+
+def test_peer_routes_on_a_model_without_mla_fail_start_up(monkeypatch):
+    """DCP with peer routes on an MHA model (SGLang's ``cp_lse_ag_out_rs_mha`` path, which no route replaces) used
+    to pass the pre-capture hook silently; an MLA runner without DCP attention (a NextN draft) still gets none."""
+    import enum
+    import types
+
+    import sglang.srt.runtime_context as rc
+
+    # (SGLang's AttentionArch lives in its model_config module, which imports transformers: a stand-in by name)
+    AttentionArch = enum.Enum("AttentionArch", "MLA MHA")
+
+    monkeypatch.setenv(O.ENV["comm_backend"], "vmm")
+    O.reset()
+    try:
+        monkeypatch.setattr(rc, "get_parallel", lambda: types.SimpleNamespace(dcp_enabled=True, dcp_group=object()))
+
+        def runner(arch):
+            mr = types.SimpleNamespace(model=torch.nn.Sequential(torch.nn.Linear(2, 2)), dtype=torch.bfloat16,
+                                       model_config=types.SimpleNamespace(attention_arch=arch))  # fmt: skip
+            return types.SimpleNamespace(model_runner=mr, _widest_decode_rows=lambda: 8)
+
+        with pytest.raises(plugin.PeerSetupError, match="MHA"):
+            plugin._after_pre_capture(None, runner(AttentionArch.MHA))
+        assert plugin._after_pre_capture(None, runner(AttentionArch.MLA)) is None
+    finally:
+        O.reset()

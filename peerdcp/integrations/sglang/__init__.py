@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ...errors import PeerSetupError
 from . import options as _opt
 from .options import Options, current
 from .routes import WORKSPACES, gather_query, group_parts, merge, stats
@@ -229,6 +230,16 @@ def _after_pre_capture(result: Any, runner: Any, *args: Any, **kwargs: Any) -> N
     mr = runner.model_runner
     geo = _find_mla_geometry(getattr(mr, "model", None))
     if geo is None:
+        # No DCP MLA attention here. An MLA model's draft (NextN, dcp 1) is such a runner and needs nothing; a
+        # model that is not MLA at all runs SGLang's MHA DCP path, which no peer route replaces: fail start-up
+        # rather than serve the flags silently with SGLang's collectives.
+        arch = getattr(getattr(mr, "model_config", None), "attention_arch", None)
+        if arch is not None and getattr(arch, "name", str(arch)) != "MLA":
+            raise PeerSetupError(
+                f"peerdcp: {', '.join(opts.peer_routes())} replace(s) the MLA DCP exchanges, but this model's "
+                f"attention is {getattr(arch, 'name', arch)} (SGLang's MHA DCP path, which peerdcp does not hook); "
+                "drop the flag(s)"
+            )
         return None
     rows = None
     widest = getattr(runner, "_widest_decode_rows", None)

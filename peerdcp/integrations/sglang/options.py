@@ -204,6 +204,31 @@ def default_max_tokens() -> int:
     return int(os.environ.get(ENV_MAX_TOKENS, "512"))
 
 
+def env_problems(env: Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with the ``PEERDCP_SGLANG_TIMEOUT_S`` / ``PEERDCP_SGLANG_MAX_TOKENS`` values (unset: fine)."""
+    from ..._checks import timeout_problem
+
+    env = os.environ if env is None else env
+    out = []
+    raw = env.get(ENV_TIMEOUT)
+    if raw:
+        try:
+            bad = timeout_problem(float(raw))
+        except ValueError:
+            bad = f"not a number: {raw!r}"
+        if bad:
+            out.append(f"{ENV_TIMEOUT}: {bad}")
+    raw = env.get(ENV_MAX_TOKENS)
+    if raw:
+        try:
+            ok = int(raw) >= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            out.append(f"{ENV_MAX_TOKENS} must be a positive integer, got {raw!r}")
+    return out
+
+
 def memory_override() -> str | None:
     return os.environ.get(ENV_MEMORY) or None
 
@@ -346,6 +371,8 @@ def problems(
             "--dcp-query-backend vmm_direct conflicts with --dcp-replicate-q-proj (replicated Q has no query "
             "exchange to replace); pass --no-dcp-replicate-q-proj or --dcp-query-backend allgather"
         )
+    if routes:  # the plugin's environment knobs, read in every worker: wrong values fail here, not there
+        out += env_problems()
     if opts.comm_backend == "symm_a2a" and two_batch_overlap:
         out.append(
             "--dcp-comm-backend symm_a2a does not support --enable-two-batch-overlap (one symmetric workspace "

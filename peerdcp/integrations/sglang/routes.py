@@ -146,17 +146,23 @@ class Workspaces:
                 "Use --dcp-indexer-backend replicated --dcp-topk-backend allgather."
             )
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        if opts.comm_is_peer and opts.comm_backend not in self.fallback:
-            flag = f"--dcp-comm-backend {opts.comm_backend}"
-            if self.check_peer_memory(opts.comm_backend, flag, cp_group):
-                self.output(cp_group, opts.comm_backend, heads_per_rank, kv_lora_rank, dtype, lse_base, device)
-        q_flag = "--dcp-query-backend vmm_direct"
-        if (
-            opts.query_backend == "vmm_direct"
-            and "vmm_direct" not in self.fallback
-            and self.check_peer_memory("vmm_direct", q_flag, cp_group)
-        ):
-            self.query(cp_group, heads_per_rank, kv_lora_rank, rope_dim, device)
+        try:
+            if opts.comm_is_peer and opts.comm_backend not in self.fallback:
+                flag = f"--dcp-comm-backend {opts.comm_backend}"
+                if self.check_peer_memory(opts.comm_backend, flag, cp_group):
+                    self.output(cp_group, opts.comm_backend, heads_per_rank, kv_lora_rank, dtype, lse_base, device)
+            q_flag = "--dcp-query-backend vmm_direct"
+            if (
+                opts.query_backend == "vmm_direct"
+                and "vmm_direct" not in self.fallback
+                and self.check_peer_memory("vmm_direct", q_flag, cp_group)
+            ):
+                self.query(cp_group, heads_per_rank, kv_lora_rank, rope_dim, device)
+        except PeerSetupError:
+            # raised on every rank alike (the probe and the constructors agree first): close what the earlier
+            # route created, which nothing else would (start-up is failing), collectively
+            self.close_all()
+            raise
 
     # --- objects -------------------------------------------------------------------------------------------
     def rows(self, device_group: Any) -> int:

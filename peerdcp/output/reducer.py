@@ -366,9 +366,9 @@ class OutputReducer:
                     raise
                 # eligible by the probe, yet the allocation failed (a container's private /dev/shm, a full one,
                 # a refused handle exchange): auto falls back as it does for an ineligible memory
-                if getattr(self, "_buf", None) is not None:
+                if self._buf is not None:  # (set to None before the backend choice)
                     self._buf.close()
-                self._buf = None
+                    self._buf = None
                 self.backend, self.memory, self.kernel, self.programs, self.cuda_opts = "a2a", None, None, None, ()
                 self.ll_max_tokens = self.ll128_max_tokens = 0
                 self.reason = f"peer memory allocation failed ({e}); falling back to a2a"

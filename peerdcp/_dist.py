@@ -12,9 +12,17 @@ from .errors import PeerSetupError
 
 __all__ = ["GroupInfo", "resolve_group", "agree", "agree_args", "all_gather_object", "register_cpu_group"]
 
-# group -> its gloo twin; weakly keyed, so a destroyed group's entry goes with it (keyed by id(), a later group
-# could take a dead one's id and be handed its twin, with other ranks)
+# group -> the gloo twin a serving engine registered for it (register_cpu_group); weakly keyed, so a destroyed group's
+# entry goes with it (keyed by id(), a later group could take a dead one's id and be handed its twin, with other ranks)
 _GLOO_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# global ranks (in group order) -> the gloo twin peerdcp created for them, shared by every group of those ranks. One
+# per rank list, for the process's life: torch keeps a group (its sockets and threads) until it is destroyed, and a
+# twin per group leaked 5 fds and 2 threads with every group a program created and destroyed. Twins are not
+# destroyed either: new_group(use_local_synchronization=True) names a group by its ranks and the count of groups,
+# which repeats after destroys, and a new group under a destroyed one's name reads its stale addresses from the store
+# (connection refused) or, while that one lives, is refused ("already created"). Sharing is safe because twins carry
+# only set-up and teardown steps, which every rank runs in the same program order (a rank blocks in each).
+_OWN_TWINS: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 
 @dataclass(frozen=True)
@@ -38,9 +46,10 @@ def _backend_name(group: dist.ProcessGroup) -> str:
 def resolve_group(group: dist.ProcessGroup | None, arg_error: BaseException | None = None) -> GroupInfo:
     """Resolve ``group`` (None = default group) and find or create its gloo twin.
 
-    Creating the twin uses ``new_group(..., use_local_synchronization=True)``, so only the group's
-    members take part (a DCP group is usually a subset of the world). ``arg_error``: the caller's own argument
-    error, raised instead where there is no usable group to agree over (see :func:`agree_args`).
+    Creating the twin uses ``new_group(..., use_local_synchronization=True)``, so only the group's members take
+    part (a DCP group is usually a subset of the world); groups of the same ranks share it. ``arg_error``: the
+    caller's own argument error, raised instead where there is no usable group to agree over (see
+    :func:`agree_args`).
     """
     if not dist.is_available() or not dist.is_initialized():
         if arg_error is not None:
@@ -61,9 +70,19 @@ def resolve_group(group: dist.ProcessGroup | None, arg_error: BaseException | No
     else:
         cpu = _GLOO_TWINS.get(pg)
         if cpu is None:
-            cpu = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
-            _GLOO_TWINS[pg] = cpu
+            cpu = _OWN_TWINS.get(ranks)
+            if cpu is None or not _registered(cpu):  # (destroy_process_group() of the world took it)
+                cpu = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
+                _OWN_TWINS[ranks] = cpu
     return GroupInfo(pg, cpu, rank, len(ranks), ranks)
+
+
+def _registered(pg: dist.ProcessGroup) -> bool:
+    """Whether torch still has ``pg`` (``destroy_process_group()`` of the world removes every group)."""
+    try:
+        return dist.distributed_c10d._world.pg_map.get(pg) is not None
+    except AttributeError:  # (a torch without this private table: trust the twin)
+        return True
 
 
 def register_cpu_group(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup) -> None:

@@ -242,3 +242,69 @@ def allocate_without_space(full_rank: int) -> str:
     finally:
         if patch is not None:
             patch.stop()
+
+
+_TWIN_BACKEND = "peerdcp_twin_test"
+
+
+def _twin_backend() -> str:
+    """A CPU backend that is gloo under another name: peerdcp does not take it for gloo, so groups of it get a
+    gloo twin from ``_dist.resolve_group``, as NCCL groups do (which CPU machines cannot create)."""
+    import torch.distributed as dist
+
+    if _TWIN_BACKEND not in dist.Backend.backend_list:
+
+        def create(store, rank, size, timeout):
+            return dist.ProcessGroupGloo(store, rank, size, timeout=timeout)
+
+        dist.Backend.register_backend(_TWIN_BACKEND, create, devices=["cpu"])
+    return _TWIN_BACKEND
+
+
+def _counts() -> dict:
+    import threading
+
+    from torch.distributed import distributed_c10d as c10d
+
+    pid = os.getpid()
+    return {
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": threading.active_count() + len(os.listdir(f"/proc/{pid}/task")),
+        "groups": len(c10d._world.pg_map),
+    }
+
+
+def twin_cycles(n: int) -> dict:
+    """``n`` times: a group of the twin-needing backend, a host buffer on it, close, destroy the group. Then two live
+    groups of the same ranks with a buffer each, and a buffer left open on a group destroyed under it."""
+    import gc
+
+    import torch.distributed as dist
+
+    from peerdcp import _dist
+
+    backend = _twin_backend()
+    ranks = list(range(dist.get_world_size()))
+    seen = []
+    for i in range(n):
+        g = dist.new_group(ranks, backend=backend)
+        buf = peerdcp.memory.allocate(4096, g, memory="host", device="cpu")
+        buf.view(buf.rank, (4,), torch.int32).fill_(i)
+        buf.close()
+        dist.destroy_process_group(g)
+        del buf, g
+        gc.collect()
+        seen.append(_counts())
+    g1, g2 = dist.new_group(ranks, backend=backend), dist.new_group(ranks, backend=backend)
+    shared = _dist.resolve_group(g1).cpu_group is _dist.resolve_group(g2).cpu_group
+    b1 = peerdcp.memory.allocate(4096, g1, memory="host", device="cpu")
+    b2 = peerdcp.memory.allocate(4096, g2, memory="host", device="cpu")
+    b1.view(b1.rank, (1,), torch.int32).fill_(7)
+    b2.close()
+    dist.destroy_process_group(g1)  # b1 stays open on a destroyed group: its close() still needs the twin
+    dist.destroy_process_group(g2)
+    peerdcp.memory.allocate(4096, memory="host", device="cpu").close()
+    b1.close()
+    del b1, b2, g1, g2
+    gc.collect()
+    return {"seen": seen, "end": _counts(), "shared": shared}

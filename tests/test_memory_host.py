@@ -171,3 +171,18 @@ def test_a_full_dev_shm_is_a_setup_error_on_every_rank(pools):
     for r in res:
         assert r.startswith("PeerSetupError") and "rank 1" in r and "No space" in r, r
     assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_gloo_twins_do_not_grow_with_groups(pools):
+    """Groups that are not gloo get a gloo twin (``_dist.resolve_group``); torch keeps every group, with its sockets
+    and threads, until it is destroyed. A twin per group leaked 5 fds and 2 threads with every group created and
+    destroyed: groups of the same ranks now share one, also while both are alive, and an object left open on a
+    destroyed group still closes over it."""
+    res = pools(2).run(fns.twin_cycles, 12, timeout=240)
+    for r in res:
+        seen, end = r["seen"], r["end"]
+        assert r["shared"], r
+        for key in ("fds", "threads", "groups"):
+            # from the first cycle on the twin exists; eleven more groups must add nothing, nor the tail
+            assert max(s[key] for s in seen) <= seen[0][key], (key, seen)
+            assert end[key] <= seen[0][key], (key, end, seen[0])

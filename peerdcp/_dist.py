@@ -10,7 +10,15 @@ import torch.distributed as dist
 
 from .errors import PeerSetupError
 
-__all__ = ["GroupInfo", "resolve_group", "agree", "agree_args", "all_gather_object", "register_cpu_group"]
+__all__ = [
+    "GroupInfo",
+    "resolve_group",
+    "agree",
+    "agree_args",
+    "agree_or_release",
+    "all_gather_object",
+    "register_cpu_group",
+]
 
 # group -> the gloo twin a serving engine registered for it (register_cpu_group); weakly keyed, so a destroyed group's
 # entry goes with it (keyed by id(), a later group could take a dead one's id and be handed its twin, with other ranks)
@@ -117,6 +125,21 @@ def agree_args(info: GroupInfo, error: BaseException | None, what: str) -> None:
     bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
     if bad:
         raise PeerSetupError(f"{what}: bad arguments on " + "; ".join(f"rank {r}: {m}" for r, m in bad))
+
+
+def agree_or_release(info: GroupInfo, error: BaseException | None, what: str, buf) -> None:
+    """All or nothing for the local steps that follow a collective allocation (device and pinned memory, launchers):
+    a step that fails on one rank only (out of memory, say) must not leave the other ranks with an object whose
+    every call times out and whose ``close()`` waits for the failed rank. Every rank reports; if any failed, every
+    rank closes ``buf`` (collective: all of them are here) and raises :class:`PeerSetupError` naming the failed ranks
+    (chained to the error on the rank where it happened), as an allocation failure does."""
+    try:
+        agree(info, error, what)
+    except PeerSetupError as e:
+        try:
+            buf.close()
+        finally:
+            raise e from error
 
 
 def hostname() -> str:

@@ -308,3 +308,59 @@ def twin_cycles(n: int) -> dict:
     del b1, b2, g1, g2
     gc.collect()
     return {"seen": seen, "end": _counts(), "shared": shared}
+
+
+def indexk_one_rank_bad_args(bad_rank: int) -> str:
+    """Every rank builds an IndexKCache; rank ``bad_rank`` with capacity_tokens=0."""
+    cap = 0 if torch.distributed.get_rank() == bad_rank else 256
+    try:
+        peerdcp.IndexKCache(capacity_tokens=cap, head_dim=32, page_size=16, device="cpu").close()
+        return "constructed"
+    except (ValueError, TypeError, PeerSetupError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _make(cls: str, backend: str):
+    if cls == "output":
+        return peerdcp.OutputReducer(
+            max_tokens=2, heads_per_rank=1, head_dim=16, backend=backend, memory="host", device="cpu"
+        )
+    if cls == "query":
+        return peerdcp.QueryGather(
+            max_tokens=2, heads_per_rank=1, nope_dim=16, rope_dim=16, out_dtype=torch.bfloat16, backend=backend,
+            memory="host", device="cpu",
+        )  # fmt: skip
+    return peerdcp.TopK(max_rows=2, topk=4, backend=backend, memory="host", device="cpu")
+
+
+def fail_after_allocation(cls: str, backend: str, fault_rank: int) -> dict:
+    """Rank ``fault_rank``'s constructor fails right after the allocation (its pinned error word, as when pinned
+    memory runs out); the others' do not. Outcome, warnings and mappings per rank."""
+    import gc
+    import warnings
+    from unittest import mock
+
+    target = {"output": "peerdcp.output.reducer", "query": "peerdcp.query.gather", "topk": "peerdcp.topk.selector"}
+    before = resources()
+    patch = mock.patch(f"{target[cls]}.ErrorWord", side_effect=MemoryError("injected: no pinned memory"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if torch.distributed.get_rank() == fault_rank:
+            patch.start()
+        try:
+            obj = _make(cls, backend)
+            outcome = f"constructed {obj.backend}"
+            obj.close()
+        except (PeerSetupError, MemoryError) as e:
+            outcome = f"{type(e).__name__}: {e} (cause {type(e.__cause__).__name__})"
+        finally:
+            if torch.distributed.get_rank() == fault_rank:
+                patch.stop()
+        gc.collect()
+    torch.distributed.barrier()
+    return {
+        "outcome": outcome,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)],
+        "before": before,
+        "after": resources(),
+    }

@@ -186,3 +186,34 @@ def test_gloo_twins_do_not_grow_with_groups(pools):
             # from the first cycle on the twin exists; eleven more groups must add nothing, nor the tail
             assert max(s[key] for s in seen) <= seen[0][key], (key, seen)
             assert end[key] <= seen[0][key], (key, end, seen[0])
+
+
+def test_index_k_cache_bad_argument_on_one_rank_raises_on_every_rank(pools):
+    """IndexKCache checked its arguments before its geometry exchange: the good rank waited there (45 s and more)."""
+    res = pools(2).run(fns.indexk_one_rank_bad_args, 1, timeout=60)
+    assert res[1].startswith("ValueError: IndexKCache: capacity_tokens"), res
+    assert res[0].startswith("PeerSetupError") and "rank 1" in res[0], res
+
+
+@pytest.mark.parametrize(
+    "cls, backend, expect",
+    [
+        ("output", "direct", "PeerSetupError"),
+        ("output", "auto", "constructed a2a"),  # auto falls back on every rank, as for a failed allocation
+        ("query", "direct", "PeerSetupError"),
+        ("topk", "direct", "PeerSetupError"),
+    ],
+)
+def test_failure_after_the_allocation_on_one_rank_is_agreed(pools, cls, backend, expect):
+    """A local step after the collective allocation failed on one rank: that rank raised and left its buffer to the
+    garbage collector (a ResourceWarning, mappings kept), the other got an object whose calls time out and whose
+    close() waited for the failed rank. Now every rank closes the buffer and raises (or, with auto, falls back)."""
+    res = pools(2).run(fns.fail_after_allocation, cls, backend, 1, timeout=120)
+    for r in res:
+        assert r["outcome"].startswith(expect), res
+        if expect == "PeerSetupError":
+            assert "rank 1" in r["outcome"] and "injected" in r["outcome"], res
+        assert r["warnings"] == [], res
+        assert r["after"]["maps"] == r["before"]["maps"], res
+    assert "cause MemoryError" in res[1]["outcome"] or expect != "PeerSetupError", res
+    assert glob.glob("/dev/shm/peerdcp-*") == []

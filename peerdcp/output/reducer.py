@@ -41,7 +41,7 @@ import torch.distributed as dist
 import triton
 
 from .._checks import resolve_device, timeout_problem
-from .._dist import agree, all_gather_object, resolve_group
+from .._dist import agree, agree_or_release, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from ..memory import allocate, choose_memory
@@ -485,43 +485,48 @@ class OutputReducer:
         self._buf = allocate(self._layout.nbytes, info.group, memory=self.memory, device=dev)
         if self._sn:  # the sentinel region's rest state (every byte 0xFF), before any peer can publish into it
             self._buf.fill_collective(self._layout.sn_off, self._layout.sn_payload_bytes, 0xFF)
-        self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
-        self._err = ErrorWord(dev, self.timeout_s)
-        self._timeout_ns = int(self.timeout_s * 1e9)
-        self._max_spins = spin_budget(self.timeout_s, dev)
-        self._gpu = gpu
-        self._dummy_lse = torch.empty(1, dtype=torch.float32, device=dev)
-        if choice == "cuda":
-            from .ops import DirectLauncher
+        local_err = None
+        try:
+            self._epochs = torch.zeros(G, dtype=torch.int64, device=dev)
+            self._err = ErrorWord(dev, self.timeout_s)
+            self._timeout_ns = int(self.timeout_s * 1e9)
+            self._max_spins = spin_budget(self.timeout_s, dev)
+            self._gpu = gpu
+            self._dummy_lse = torch.empty(1, dtype=torch.float32, device=dev)
+            if choice == "cuda":
+                from .ops import DirectLauncher
 
-            self._launch_cuda = DirectLauncher(
-                peer_addrs=self._buf.peer_addrs,
-                epochs=self._epochs,
-                err_addr=self._err.kernel_arg(),
-                rank=self.rank,
-                heads=self.heads,
-                head_dim=self.head_dim,
-                max_tokens=self.max_tokens,
-                programs=G,
-                heads_per_unit=self._hpu,
-                lse_off=self._layout.lse_off,
-                payload_off=self._layout.payload_off,
-                timeout_ns=self._timeout_ns,
-                base2=self._base2,
-                dtype=self.dtype,
-                mech=self._mech,
-                device=dev.index,
-                ll_off=self._layout.ll_off,
-                ll_max_tokens=self.ll_max_tokens,
-                opts=self._opts_mask,
-                ll128_off=self._layout.ll128_off,
-                ll128_max_tokens=self.ll128_max_tokens,
-                ll128_min_tokens=self._ll128_min,
-                sn_off=self._layout.sn_off,
-                sn_lse_off=self._layout.sn_lse_off,
-                sn_min_tokens=self._sn_min,
-                sn_split=self._sn_split,
-            )
+                self._launch_cuda = DirectLauncher(
+                    peer_addrs=self._buf.peer_addrs,
+                    epochs=self._epochs,
+                    err_addr=self._err.kernel_arg(),
+                    rank=self.rank,
+                    heads=self.heads,
+                    head_dim=self.head_dim,
+                    max_tokens=self.max_tokens,
+                    programs=G,
+                    heads_per_unit=self._hpu,
+                    lse_off=self._layout.lse_off,
+                    payload_off=self._layout.payload_off,
+                    timeout_ns=self._timeout_ns,
+                    base2=self._base2,
+                    dtype=self.dtype,
+                    mech=self._mech,
+                    device=dev.index,
+                    ll_off=self._layout.ll_off,
+                    ll_max_tokens=self.ll_max_tokens,
+                    opts=self._opts_mask,
+                    ll128_off=self._layout.ll128_off,
+                    ll128_max_tokens=self.ll128_max_tokens,
+                    ll128_min_tokens=self._ll128_min,
+                    sn_off=self._layout.sn_off,
+                    sn_lse_off=self._layout.sn_lse_off,
+                    sn_min_tokens=self._sn_min,
+                    sn_split=self._sn_split,
+                )
+        except Exception as e:  # noqa: BLE001 - (out of device / pinned memory on this rank: agreed below)
+            local_err = e
+        agree_or_release(info, local_err, "OutputReducer set-up after the allocation", self._buf)
 
     # --------------------------------------------------------------------------------- checks
     def _raise_if_unusable(self) -> None:

@@ -32,7 +32,7 @@ import triton
 
 from .. import memory as _memory
 from .._checks import is_int, resolve_device, timeout_problem
-from .._dist import agree, all_gather_object, resolve_group
+from .._dist import agree, agree_or_release, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from . import kernels as K
@@ -563,16 +563,21 @@ class QueryGather:
         self._buf = _memory.allocate(self._sn_off + sn_bytes, info.group, memory=self.memory, device=dev)
         if sn_bytes:  # its rest state (every byte 0xFF), before any peer can publish into it
             self._buf.fill_collective(self._sn_off, sn_bytes, 0xFF)
-        self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
-        self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
-        self._err = ErrorWord(dev, self.timeout_s)
-        self._timeout_ns = int(self.timeout_s * 1e9)
-        self._spins = spin_budget(self.timeout_s, dev)
-        self._mech = mechanism_code("query")
-        z = self._data_off + K.SLOT_Z * self._slot_bytes
-        n_nope = self.max_tokens * H * self.nope_dim
-        self._z_nope = self._buf.view(self.rank, (self.max_tokens, H, self.nope_dim), torch.bfloat16, z)
-        self._z_pe = self._buf.view(self.rank, (self.max_tokens, H, self.rope_dim), torch.bfloat16, z + 2 * n_nope)
+        local_err = None
+        try:
+            self._epochs = torch.zeros(NP, dtype=torch.int64, device=dev)
+            self._last_z = torch.zeros(NP, dtype=torch.int64, device=dev)
+            self._err = ErrorWord(dev, self.timeout_s)
+            self._timeout_ns = int(self.timeout_s * 1e9)
+            self._spins = spin_budget(self.timeout_s, dev)
+            self._mech = mechanism_code("query")
+            z = self._data_off + K.SLOT_Z * self._slot_bytes
+            n_nope = self.max_tokens * H * self.nope_dim
+            self._z_nope = self._buf.view(self.rank, (self.max_tokens, H, self.nope_dim), torch.bfloat16, z)
+            self._z_pe = self._buf.view(self.rank, (self.max_tokens, H, self.rope_dim), torch.bfloat16, z + 2 * n_nope)
+        except Exception as e:  # noqa: BLE001 - (out of device / pinned memory on this rank: agreed below)
+            local_err = e
+        agree_or_release(info, local_err, "QueryGather set-up after the allocation", self._buf)
 
     def _setup_allgather(self) -> None:
         H, D, dev = self.heads_per_rank, self.head_dim, self.device

@@ -28,7 +28,7 @@ import torch
 import triton
 
 from .._checks import is_int, resolve_device
-from .._dist import all_gather_object, resolve_group
+from .._dist import agree_args, all_gather_object, resolve_group
 from ..kernel_support import num_sms, on_gpu
 from . import ops
 from . import reference as ref
@@ -71,23 +71,31 @@ class IndexKCache:
         interleave: int = 1,
         device: torch.device | str | int | None = None,
     ) -> None:
-        for name, v in (("capacity_tokens", capacity_tokens), ("head_dim", head_dim), ("page_size", page_size)):
-            if not is_int(v):
-                raise TypeError(f"IndexKCache: {name} must be an int, got {type(v).__name__}")
-        if not is_int(interleave):
-            raise TypeError(f"IndexKCache: interleave must be an int, got {type(interleave).__name__}")
-        if capacity_tokens <= 0:
-            raise ValueError(f"IndexKCache: capacity_tokens must be positive, got {capacity_tokens}")
-        if head_dim < 32 or head_dim & (head_dim - 1):
-            raise ValueError(f"IndexKCache: head_dim must be a power of two >= 32, got {head_dim}")
-        if page_size < 16 or page_size & (page_size - 1):
-            raise ValueError(f"IndexKCache: page_size must be a power of two >= 16, got {page_size}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"IndexKCache: layout must be one of {LAYOUTS}, got {layout!r}")
-        if interleave < 1:
-            raise ValueError(f"IndexKCache: interleave must be >= 1, got {interleave}")
-        dev = resolve_device(device, owner="IndexKCache: ")
-        info = resolve_group(group)
+        # the arguments are checked on every rank, then agreed: a rank with a bad one raises its error and every
+        # other rank a PeerSetupError naming it (none waits for it in the geometry exchange)
+        local_err: BaseException | None = None
+        dev = None
+        try:
+            for name, v in (("capacity_tokens", capacity_tokens), ("head_dim", head_dim), ("page_size", page_size)):
+                if not is_int(v):
+                    raise TypeError(f"IndexKCache: {name} must be an int, got {type(v).__name__}")
+            if not is_int(interleave):
+                raise TypeError(f"IndexKCache: interleave must be an int, got {type(interleave).__name__}")
+            if capacity_tokens <= 0:
+                raise ValueError(f"IndexKCache: capacity_tokens must be positive, got {capacity_tokens}")
+            if head_dim < 32 or head_dim & (head_dim - 1):
+                raise ValueError(f"IndexKCache: head_dim must be a power of two >= 32, got {head_dim}")
+            if page_size < 16 or page_size & (page_size - 1):
+                raise ValueError(f"IndexKCache: page_size must be a power of two >= 16, got {page_size}")
+            if layout not in LAYOUTS:
+                raise ValueError(f"IndexKCache: layout must be one of {LAYOUTS}, got {layout!r}")
+            if interleave < 1:
+                raise ValueError(f"IndexKCache: interleave must be >= 1, got {interleave}")
+            dev = resolve_device(device, owner="IndexKCache: ")
+        except (TypeError, ValueError) as e:
+            local_err = e
+        info = resolve_group(group, local_err)
+        agree_args(info, local_err, "IndexKCache")
         geo = (capacity_tokens, head_dim, page_size, layout, interleave, dev.type)
         geos = all_gather_object(info, geo)
         if len(set(geos)) != 1:

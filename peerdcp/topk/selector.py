@@ -53,7 +53,7 @@ import torch.distributed as dist
 import triton
 
 from .._checks import cuda_index, is_int, resolve_device, timeout_problem
-from .._dist import agree_args, all_gather_object, resolve_group
+from .._dist import agree_args, agree_or_release, all_gather_object, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from ..memory import MEMORY_KINDS, allocate, choose_memory
@@ -418,10 +418,18 @@ class TopK:
             self.reason = f"allgather: {why}"
         self.merge_impl, why_merge = merge_choice
         self.reason += f"; {why_merge}"
-        # state: [aborted after a timeout, epoch of row 0, ..., epoch of row max_rows - 1]
-        self._state = torch.zeros(1 + max_rows, dtype=torch.int64, device=dev)
-        self._err = ErrorWord(dev, self.timeout_s)
-        self._spins = spin_budget(self.timeout_s, dev)
+        local_err = None
+        try:
+            # state: [aborted after a timeout, epoch of row 0, ..., epoch of row max_rows - 1]
+            self._state = torch.zeros(1 + max_rows, dtype=torch.int64, device=dev)
+            self._err = ErrorWord(dev, self.timeout_s)
+            self._spins = spin_budget(self.timeout_s, dev)
+        except Exception as e:  # noqa: BLE001 - (out of device / pinned memory on this rank: agreed below)
+            local_err = e
+        if self._buf is not None:
+            agree_or_release(info, local_err, "TopK set-up after the allocation", self._buf)
+        elif local_err is not None:  # (nothing shared: this rank's own failure)
+            raise local_err
 
     # ------------------------------------------------------------------------------------ state
     def _ready(self, where: str) -> None:

@@ -103,8 +103,10 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300)
     a = ap.parse_args()
     from peerdcp.launch import RankPool
+    from peerdcp.memory.probe import ranks_share_gpus
 
-    with RankPool(2, backend="cpu:gloo,cuda:nccl") as pool:
+    # PEERDCP_SHARED_GPU=1 on one GPU: NCCL refuses two ranks on a GPU, gloo does not (host columns only)
+    with RankPool(2, backend="cpu:gloo,cuda:gloo" if ranks_share_gpus(2) else "cpu:gloo,cuda:nccl") as pool:
         res = pool.run(rank_main, a.tokens, a.heads, a.calls)
     for r, d in enumerate(res):
         print(f"rank {r}: " + "  ".join(f"{k} {v:.1f} us" for k, v in d.items() if k != "profile"))

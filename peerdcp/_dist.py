@@ -132,12 +132,14 @@ def agree_or_release(info: GroupInfo, error: BaseException | None, what: str, bu
     a step that fails on one rank only (out of memory, say) must not leave the other ranks with an object whose
     every call times out and whose ``close()`` waits for the failed rank. Every rank reports; if any failed, every
     rank closes ``buf`` (collective: all of them are here) and raises :class:`PeerSetupError` naming the failed ranks
-    (chained to the error on the rank where it happened), as an allocation failure does."""
+    (chained to the error on the rank where it happened), as an allocation failure does. ``buf`` None: nothing to
+    close (a collective backend's set-up), the agreement alone."""
     try:
         agree(info, error, what)
     except PeerSetupError as e:
         try:
-            buf.close()
+            if buf is not None:
+                buf.close()
         finally:
             raise e from error
 

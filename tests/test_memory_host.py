@@ -202,6 +202,7 @@ def test_index_k_cache_bad_argument_on_one_rank_raises_on_every_rank(pools):
         ("output", "auto", "constructed a2a"),  # auto falls back on every rank, as for a failed allocation
         ("query", "direct", "PeerSetupError"),
         ("topk", "direct", "PeerSetupError"),
+        ("topk", "allgather", "PeerSetupError"),  # no buffer, but its calls are collective: agreed as well
     ],
 )
 def test_failure_after_the_allocation_on_one_rank_is_agreed(pools, cls, backend, expect):

@@ -426,10 +426,7 @@ class TopK:
             self._spins = spin_budget(self.timeout_s, dev)
         except Exception as e:  # noqa: BLE001 - (out of device / pinned memory on this rank: agreed below)
             local_err = e
-        if self._buf is not None:
-            agree_or_release(info, local_err, "TopK set-up after the allocation", self._buf)
-        elif local_err is not None:  # (nothing shared: this rank's own failure)
-            raise local_err
+        agree_or_release(info, local_err, "TopK set-up", self._buf)  # (allgather too: its calls are collective)
 
     # ------------------------------------------------------------------------------------ state
     def _ready(self, where: str) -> None:

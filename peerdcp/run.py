@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+import textwrap
 import time
 
 import torch
@@ -21,6 +22,11 @@ from .geometry import GEOMETRIES, get_geometry
 from .memory.probe import SHARED_GPU_ENV, ranks_share_gpus
 
 __all__ = ["add_run_arguments", "main_run"]
+
+
+def _short(reason: object, width: int = 160) -> str:
+    """A table cell: the reason cut at a word boundary, marked, not mid-word."""
+    return textwrap.shorten(str(reason), width, placeholder=" …")
 
 
 def _positive_int(text: str) -> int:
@@ -170,12 +176,12 @@ def _print_report(rep: dict) -> None:
         + f") on {rep['where']}; {rep['rows']} rows, context {rep['context']}"
     )
     o = rep["objects"][0]
-    t = Table(title="what ran where, and why")
+    t = Table(title="what ran where, and why (full reasons: --json)")
     for c in ("mechanism", "backend", "memory", "reason"):
         t.add_column(c)
     for name in ("query", "topk", "output"):
         if name in o:
-            t.add_row(name, o[name]["backend"], str(o[name]["memory"]), str(o[name]["reason"])[:110])
+            t.add_row(name, o[name]["backend"], str(o[name]["memory"]), _short(o[name]["reason"]))
     con.print(t)
     t = Table(title="parity with the unsharded step (per rank)")
     for c in ("rank", "query (<= 1 bf16 step)", "top-k ids equal", "output rel err", "verdict"):

@@ -28,8 +28,10 @@ _GLOO_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # twin per group leaked 5 fds and 2 threads with every group a program created and destroyed. Twins are not
 # destroyed either: new_group(use_local_synchronization=True) names a group by its ranks and the count of groups,
 # which repeats after destroys, and a new group under a destroyed one's name reads its stale addresses from the store
-# (connection refused) or, while that one lives, is refused ("already created"). Sharing is safe because twins carry
-# only set-up and teardown steps, which every rank runs in the same program order (a rank blocks in each).
+# (connection refused) or, while that one lives, is refused ("already created"). A twin carries set-up and teardown
+# steps, which every rank runs in the same program order (a rank blocks in each), and the calls of the Output / Query
+# collective backends on CPU tensors of a non-gloo group: objects on two groups of the same ranks, called from
+# different threads, would interleave on it (a group per thread needs its own ranks' gloo group: register_cpu_group).
 _OWN_TWINS: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 

@@ -15,6 +15,10 @@ memory (real processes, real protocol). Every GPU-only instruction lives here be
 * :func:`grid_dependency_sync` - programmatic dependent launch (PDL, sm_90+): let the next kernel on the
   stream start launching, then wait until the previous kernel finished and its stores are visible. A kernel
   launched with PDL calls it before its first memory access; nothing is done when ``PDL`` is 0.
+* :func:`to_f32` / :func:`f32_to_bf16_bits` / :func:`cast_rne` - exact widening and round-to-nearest-even
+  narrowing. The GPU converts; Triton 3.6's interpreter converts bf16 *subnormals* wrongly both ways
+  (1.01e-39 -> 4.41e-39 widening, 1.84e-39 -> 0 narrowing) and truncates fp32 -> bf16, so there bf16 goes
+  through its bits (fp16 converts correctly there).
 * :data:`LOAD_BYPASS_L1` - cache modifier for inbox loads after an acquire (``.cg``: L2, never L1,
   so no stale line from an earlier use of the same slot is read).
 
@@ -52,6 +56,9 @@ __all__ = [
     "num_sms",
     "current_stream_handle",
     "grid_dependency_sync",
+    "to_f32",
+    "f32_to_bf16_bits",
+    "cast_rne",
 ]
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -83,6 +90,35 @@ def current_stream_handle(device: torch.device) -> int:
 def num_sms(index: int) -> int:
     """Streaming multiprocessors of CUDA device ``index`` (asked once per device: launch-time grid rules use it)."""
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@triton.jit
+def to_f32(x, GPU: tl.constexpr):
+    """A bf16 / fp16 / fp32 tensor as fp32, exactly (interpreter: bf16 widened from its bits)."""
+    if not GPU:  # noqa: SIM102 - constexpr branches
+        if x.dtype == tl.bfloat16:
+            x = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def f32_to_bf16_bits(v):
+    """Round-to-nearest-even fp32 -> bf16 bits (in int32, low 16 bits), by integer arithmetic; NaN stays NaN
+    (quiet bit set: a payload only in the low 16 bits would otherwise round to inf or carry into the sign)."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    r = tl.where(a > 0x7F800000, (bits >> 16) | 0x40, r)
+    return r & 0xFFFF
+
+
+@triton.jit
+def cast_rne(x, OUT_T: tl.constexpr, GPU: tl.constexpr):
+    """fp32 ``x`` -> ``OUT_T`` (bf16 / fp16 / fp32), round to nearest even (interpreter: bf16 from its bits)."""
+    if not GPU:  # noqa: SIM102 - constexpr branches
+        if OUT_T == tl.bfloat16:  # noqa: SIM300
+            x = f32_to_bf16_bits(x).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return x.to(OUT_T)
 
 
 @triton.jit

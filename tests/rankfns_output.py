@@ -216,6 +216,67 @@ def missing_peer(config: dict, absent: int, timeout_s: float) -> dict:
     return res
 
 
+def rounding_ties(config: dict, seed: int) -> dict:
+    """W = 2, every (token, head) gets two equal LSEs and two adjacent values a, b of the output dtype, so the
+    exact result (a + b) / 2 is a tie of that dtype: it must round to even, bit for bit as torch rounds the fp64
+    reference (the interpreter's own fp32 -> bf16 cast truncates; ``kernel_support.cast_rne`` rounds by hand)."""
+    W, rank = dist.get_world_size(), dist.get_rank()
+    res = {}
+    with peerdcp.OutputReducer(None, **config) as red:
+        T, H, D, dtype = red.max_tokens, red.heads, red.head_dim, red.dtype
+        g = torch.Generator().manual_seed(seed)
+        a = (torch.randn(T, W * H, D, generator=g) * 8).to(dtype)
+        bits = a.view(torch.int16)
+        b = (bits + 1).view(dtype)  # the next value away from 0 (same sign): (a + b) / 2 is exact in fp32 and a tie
+        outs = [a, b]
+        lse = (torch.randn(T, W * H, generator=g) * 4).float()
+        lses = [lse, lse.clone()]
+        got = red.reduce(outs[rank].to(red.device), lses[rank].to(red.device)).cpu()
+        expect = dcp_reduce(outs, lses, rank).to(dtype)
+        res["mismatch"] = int((got.view(torch.int16) != expect.view(torch.int16)).sum())
+        res["ties"] = int(got.numel())
+        res["backend"] = red.backend
+    return res
+
+
+def subnormal_payloads(config: dict, seed: int) -> dict:
+    """bf16 payloads that are subnormal (|x| < 2^-126) from every source, equal LSEs: the result must equal the
+    fp64 reference rounded once, bit for bit (Triton 3.6's interpreter converts bf16 subnormals wrongly both ways;
+    ``kernel_support.to_f32`` / ``cast_rne`` go through the bits there)."""
+    W, rank = dist.get_world_size(), dist.get_rank()
+    with peerdcp.OutputReducer(None, **config) as red:
+        T, H, D, dtype = red.max_tokens, red.heads, red.head_dim, red.dtype
+        g = torch.Generator().manual_seed(seed)
+        outs = [(torch.randn(T, W * H, D, generator=g) * 1e-39).to(dtype) for _ in range(W)]
+        lses = [torch.zeros(T, W * H) for _ in range(W)]
+        got = red.reduce(outs[rank].to(red.device), lses[rank].to(red.device)).cpu()
+        expect = dcp_reduce(outs, lses, rank).to(dtype)
+        bad = got.view(torch.int16) != expect.view(torch.int16)
+        subnormal = int((expect.abs() < 2.0**-126).sum())
+        return {"mismatch": int(bad.sum()), "subnormal": subnormal, "backend": red.backend}
+
+
+def mismatched_tokens(config: dict, timeout_s: float) -> dict:
+    """One good call, then rank 0 calls with T = 2 and the others with T = 3 (a usage error): the flag carries T,
+    so the ranks' waits must time out (PeerTimeoutError) instead of combining stale rows of the inbox."""
+    W, rank = dist.get_world_size(), dist.get_rank()
+    res: dict = {}
+    with peerdcp.OutputReducer(None, **dict(config, timeout_s=timeout_s)) as red:
+        H, D = red.heads, red.head_dim
+        outs, lses = make_inputs(3, W, 3, H, D, red.dtype, adversarial=False)
+        red.reduce(outs[rank].to(red.device), lses[rank].to(red.device))
+        red.check()
+        dist.barrier(group=red._info.cpu_group)
+        T = 2 if rank == 0 else 3
+        try:
+            red.reduce(outs[rank][:T].contiguous().to(red.device), lses[rank][:T].contiguous().to(red.device))
+            red.check()
+            res["outcome"] = "no error"
+        except PeerTimeoutError as e:
+            res["outcome"] = f"PeerTimeoutError mech={e.mechanism}"
+    return res
+
+
 def resources() -> dict:
     pid = os.getpid()
     fds = len(os.listdir(f"/proc/{pid}/fd"))

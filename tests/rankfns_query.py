@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import time
 from unittest import mock
 
@@ -15,10 +16,11 @@ import triton
 import triton.language as tl
 
 from peerdcp.errors import PeerSetupError, PeerTimeoutError
+from peerdcp.kernel_support import f32_to_bf16_bits
 from peerdcp.query import QueryGather, widened_query
 from peerdcp.query import gather as gather_mod
 from peerdcp.query import kernels as K
-from peerdcp.query.kernels import _f32_to_bf16_bits, _f32_to_e4m3_bits
+from peerdcp.query.kernels import _f32_to_e4m3_bits
 from peerdcp.query.rope import cos_sin_cache, plain_cos_sin_cache
 
 FP8 = torch.float8_e4m3fn
@@ -115,7 +117,7 @@ def _cvt_kernel(x, y8, yb, N: tl.constexpr):
     o = tl.arange(0, N)
     v = tl.load(x + o)
     tl.store(y8 + o, _f32_to_e4m3_bits(v).to(tl.uint8))
-    tl.store(yb + o, _f32_to_bf16_bits(v).to(tl.int16))
+    tl.store(yb + o, f32_to_bf16_bits(v).to(tl.int16))
 
 
 def kernel_numerics() -> dict:
@@ -134,6 +136,8 @@ def kernel_numerics() -> dict:
         torch.randn(4096, generator=g) * 100,
         torch.randn(4096, generator=g) * 1e-3,
         torch.randint(-(2**31), 2**31 - 1, (4096,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32),
+        # NaNs whose payload is only in the low 16 bits: a plain truncation to bf16 would make them +-inf
+        torch.tensor([0x7F800001, 0x7F80FFFF, 0x7F808000], dtype=torch.int32).view(torch.float32),
     ]
     x = torch.cat([torch.cat(parts), -torch.cat(parts)])
     n = triton.next_power_of_2(x.numel())
@@ -381,12 +385,19 @@ def back_to_back(
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
         names.update({K.MODE_PUSH_LL128: "push_ll128", K.MODE_PUSH_LL12: "push_ll12", K.MODE_PUSH_SN: "push_sn"})
         info["modes"] = sorted({"exposed" if e else _mode_name(qg, T, names) for T, e in plan})
+        # inputs made before the loop, and a random pause on some calls (its own per rank): back-to-back calls
+        # with the ranks drifting apart, so a rank can start call e + 1 while a peer still reads call e
+        inputs = [make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev) for i, (T, _) in enumerate(plan)]
+        outs = [poisoned(qg, T) for T, _ in plan]
+        jitter = random.Random(4321 + me)
         t0 = time.perf_counter()
-        per_call = []  # host seconds of each call (inputs made, launched): where a slow test spends its time
+        per_call = []  # host seconds of each call (launched): where a slow test spends its time
         for i, (T, exposed) in enumerate(plan):
+            if jitter.random() < 0.3:
+                time.sleep(jitter.random() * 0.01)
             tc = time.perf_counter()
-            nopes, pes, pos = make_inputs(5000 + i, W, T, H, 512, 64, cs.shape[0], device=dev)
-            out = poisoned(qg, T)
+            nopes, pes, pos = inputs[i]
+            out = outs[i]
             if exposed:
                 zn, zp = qg.exposed_shard(T)
                 zn.copy_(nopes[me])

@@ -115,6 +115,9 @@ def exactness(
                 local = shard(glob_logits, lens, r, W, I, extra=3, seed=s).to(dev)
                 expect = ref.select_reference(glob_logits, lens, K, force_first=ff, force_last=fl)
                 res = {"I": I, "K": K, "force": (ff, fl)}
+                cand = tks["direct"].local_candidates(local, lens.to(dev), force_first=ff, force_last=fl).cpu()
+                ecand = ref.candidates_reference(local.cpu(), lens, K, r, W, I, force_first=ff, force_last=fl)
+                res["candidates"] = bool(torch.equal(cand, ecand))
                 for b, tk in tks.items():
                     got = [tk.select(local, lens.to(dev), force_first=ff, force_last=fl) for _ in range(2)]
                     _sync(dev)

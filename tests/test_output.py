@@ -169,6 +169,30 @@ def test_missing_peer_raises_timeout(pools, world, absent):
     assert any(f"peer={absent}" in d["first"] for r, d in enumerate(res) if r != absent)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_exact_ties_round_to_even(pools, backend, dtype):
+    """Results that are exact ties of the output dtype come out rounded to even on every backend (the
+    strict per-element check elsewhere allows one rounding, so it cannot see ties rounded away from zero)."""
+    cfg = dict(_config(2, backend, dtype), max_tokens=4)
+    res = pools(2).run(fns.rounding_ties, cfg, 5)
+    for r in res:
+        assert r["backend"] == backend and r["ties"] > 0 and r["mismatch"] == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_subnormal_payloads_exact(pools, backend):
+    cfg = dict(_config(2, backend), max_tokens=4)
+    for r in pools(2).run(fns.subnormal_payloads, cfg, 9):
+        assert r["backend"] == backend and r["subnormal"] > 0 and r["mismatch"] == 0, r
+
+
+def test_ranks_disagreeing_on_T_time_out(pools):
+    """A usage error (ranks calling with different T) surfaces as PeerTimeoutError, not as stale inbox rows."""
+    res = pools(2).run(fns.mismatched_tokens, _config(2, "direct"), 1.0)
+    assert all(r["outcome"] == "PeerTimeoutError mech=output" for r in res), res
+
+
 def test_auto_falls_back_when_the_allocation_fails(pools):
     """The probe passes, the allocation fails (a full /dev/shm on rank 1): ``auto`` takes a2a on every rank, as
     for an ineligible memory, instead of raising PeerSetupError; nothing stays in /dev/shm."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ..kernel_support import next_epoch, signal_release, wait_equal
+from ..kernel_support import cast_rne, next_epoch, signal_release, to_f32, wait_equal
 
 __all__ = ["TOKEN_SPACE", "InboxLayout", "direct_kernel", "combine_kernel", "correct_kernel", "heads_per_unit"]
 
@@ -166,18 +166,6 @@ def _merged_lse(m, s, BASE2: tl.constexpr):
 
 
 @triton.jit
-def _cast_out(x, OUT_T: tl.constexpr, GPU: tl.constexpr):
-    """fp32 -> output dtype, round to nearest even. The interpreter's fp32 -> bf16 cast truncates, so
-    there the value is first rounded (to an exactly representable bf16) with integer arithmetic."""
-    if not GPU:  # noqa: SIM102 - constexpr branches
-        if OUT_T == tl.bfloat16:  # noqa: SIM300
-            u = x.to(tl.uint32, bitcast=True)
-            u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-            x = u.to(tl.float32, bitcast=True)
-    return x.to(OUT_T)
-
-
-@triton.jit
 def direct_kernel(
     partial_out,  # [T, W*H, D] bf16/fp16, contiguous
     partial_lse,  # [T, W*H] fp32, contiguous
@@ -298,9 +286,9 @@ def direct_kernel(
                         cache_modifier=".cg",
                     )
                 ssum += w
-                acc += tl.where((w > 0)[:, None], w[:, None] * x.to(tl.float32), 0.0)
+                acc += tl.where((w > 0)[:, None], w[:, None] * to_f32(x, GPU), 0.0)
             res = acc / tl.where(ssum > 0, ssum, 1.0)[:, None]
-            res = _cast_out(res, out.dtype.element_ty, GPU)
+            res = cast_rne(res, out.dtype.element_ty, GPU)
             tl.store(out + (t * H + heads)[:, None] * D + dd[None, :], res, mask=m2)
             if RETURN_LSE:
                 tl.store(out_lse + t * H + heads, _merged_lse(mx, ssum, BASE2), mask=hm)
@@ -352,8 +340,8 @@ def combine_kernel(
             other=0.0,
         )
         ssum += w
-        acc += tl.where((w > 0)[:, None], w[:, None] * x.to(tl.float32), 0.0)
-    res = _cast_out(acc / tl.where(ssum > 0, ssum, 1.0)[:, None], out.dtype.element_ty, GPU)
+        acc += tl.where((w > 0)[:, None], w[:, None] * to_f32(x, GPU), 0.0)
+    res = cast_rne(acc / tl.where(ssum > 0, ssum, 1.0)[:, None], out.dtype.element_ty, GPU)
     tl.store(out + (t * H + heads)[:, None] * D + dd[None, :], res, mask=m2)
     if RETURN_LSE:
         tl.store(out_lse + t * H + heads, _merged_lse(mx, ssum, BASE2), mask=hm)
@@ -374,6 +362,7 @@ def correct_kernel(
     BLOCK_D: tl.constexpr,
     BASE2: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    GPU: tl.constexpr,
 ):
     """Grid ``(T, W * cdiv(H, HB))``: scale this rank's partial by ``w_rank / S`` for HB widened heads of one
     destination (0 - not ``0 * payload`` - where the weight is 0); the reduce-scatter then sums over ranks."""
@@ -398,7 +387,7 @@ def correct_kernel(
     wr = _weight(_sanitize(lr), mx, BASE2)
     x = tl.load(partial_out + (t * (W * H) + col)[:, None] * D + dd[None, :], mask=m2 & (wr > 0)[:, None], other=0.0)
     scale = wr / tl.where(ssum > 0, ssum, 1.0)
-    y = tl.where((wr > 0)[:, None], scale[:, None] * x.to(tl.float32), 0.0)
+    y = tl.where((wr > 0)[:, None], scale[:, None] * to_f32(x, GPU), 0.0)
     tl.store(corrected + ((d * T + t) * H + heads)[:, None] * D + dd[None, :], y, mask=m2)
     if RETURN_LSE:  # noqa: SIM102 - constexpr branch, then a runtime one
         if d == rank:

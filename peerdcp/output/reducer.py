@@ -684,6 +684,7 @@ class OutputReducer:
         K.correct_kernel[(T, W * triton.cdiv(H, hb))](
             po, lses, corrected, out_lse if out_lse is not None else self._dummy(), T, self.rank,
             W=W, H=H, D=D, HB=hb, BLOCK_D=bd, BASE2=self._base2, RETURN_LSE=out_lse is not None,
+            GPU=on_gpu(self.device),
         )  # fmt: skip
         red = torch.empty((T, H, D), dtype=torch.float32, device=self.device)
         _RS(red.view(-1), corrected.view(-1), group=grp)

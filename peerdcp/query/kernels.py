@@ -7,8 +7,9 @@ one (token, head) row of 576 = nope + rope values. ``_rows_compute`` turns the b
 into output bits: nope ``x * quant_scale`` and rotated pe ``(x0*c - x1*s) * quant_scale`` /
 ``(x0*s + x1*c) * quant_scale``, each product and sum rounded to fp32 (kernels are launched with
 ``enable_fp_fusion=False``), then a saturating RNE cast to e4m3 (or RNE bf16). The interpreter's own
-float8/bf16 casts truncate, so off the GPU the casts are done on the integer bits (``_f32_to_*_bits``,
-checked bit-for-bit against torch over every e4m3 midpoint in the tests).
+float8/bf16 casts truncate, so off the GPU the casts are done on the integer bits (``_f32_to_e4m3_bits``
+here, ``kernel_support.f32_to_bf16_bits``; checked bit-for-bit against torch over every e4m3 midpoint in
+the tests), and bf16 inputs are widened from their bits (``kernel_support.to_f32``).
 
 Exposed buffer of each rank (``PeerBuffer``, zero-filled; offsets in bytes)::
 
@@ -79,7 +80,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernel_support import fence_system, next_epoch, peer_pointer, signal_release, wait_equal
+from ..kernel_support import (
+    f32_to_bf16_bits,
+    fence_system,
+    next_epoch,
+    peer_pointer,
+    signal_release,
+    to_f32,
+    wait_equal,
+)
 
 __all__ = [
     "MODE_RAW",
@@ -150,16 +159,6 @@ def _f32_to_e4m3_bits(v):
 
 
 @triton.jit
-def _f32_to_bf16_bits(v):
-    """Round-to-nearest-even fp32 -> bf16 bits (in int32); NaN stays NaN (quiet bit set)."""
-    bits = v.to(tl.int32, bitcast=True)
-    a = bits & 0x7FFFFFFF
-    r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    r = tl.where(a > 0x7F800000, (bits >> 16) | 0x40, r)
-    return r & 0xFFFF
-
-
-@triton.jit
 def _cvt(v, quant_scale, OUT_FP8: tl.constexpr, GPU: tl.constexpr):
     """fp32 -> output bits: uint8 e4m3 code of ``v * quant_scale`` (saturating), or int16 bf16 bits."""
     if OUT_FP8:
@@ -173,17 +172,7 @@ def _cvt(v, quant_scale, OUT_FP8: tl.constexpr, GPU: tl.constexpr):
         if GPU:
             return v.to(tl.bfloat16).to(tl.int16, bitcast=True)
         else:
-            return _f32_to_bf16_bits(v).to(tl.int16)
-
-
-@triton.jit
-def _bf16_to_f32(x, GPU: tl.constexpr):
-    """bf16 -> fp32, exactly. The GPU converts; Triton 3.6's interpreter widens bf16 subnormals wrongly (1.01e-39 ->
-    4.41e-39: CPU paths off the reference by up to 88 bf16 steps), so there the bits are widened by hand."""
-    if GPU:
-        return x.to(tl.float32)
-    else:
-        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+            return f32_to_bf16_bits(v).to(tl.int16)
 
 
 @triton.jit
@@ -218,14 +207,14 @@ def _rows_compute(
     mn = mask_u[:, None] & (on[None, :] < NOPE)
     if OUT_FP8:
         xn = tl.load(nope_base + nope_off[:, None] + on[None, :], mask=mn, other=0.0, cache_modifier=CG)
-        nope_bits = _cvt(_bf16_to_f32(xn, GPU), quant_scale, OUT_FP8, GPU)
+        nope_bits = _cvt(to_f32(xn, GPU), quant_scale, OUT_FP8, GPU)
     else:
         # bf16 out: the nope part passes through bit for bit
         nb16 = nope_base.to(tl.pointer_type(tl.int16))
         nope_bits = tl.load(nb16 + nope_off[:, None] + on[None, :], mask=mn, other=0, cache_modifier=CG)
     orr = tl.arange(0, ROPE)
     xp = tl.load(pe_base + pe_off[:, None] + orr[None, :], mask=mask_u[:, None], other=0.0, cache_modifier=CG)
-    xp = _bf16_to_f32(xp, GPU)
+    xp = to_f32(xp, GPU)
     if NEOX:
         x0, x1 = tl.split(tl.permute(tl.reshape(xp, (BU, 2, HALF)), (0, 2, 1)))
     else:

@@ -39,6 +39,7 @@ __all__ = [
     "canonical_order",
     "canonical_topk",
     "select_reference",
+    "candidates_reference",
     "owned_reference",
     "pack_keys",
     "ordered_bits",
@@ -190,6 +191,39 @@ def select_reference(
         s[(g < force_first) | (g >= L - force_last)] = float("inf")
         sel = canonical_topk(s, k)
         out[t, : len(sel)] = torch.tensor(sel, dtype=torch.int32)
+    return out
+
+
+def candidates_reference(
+    local_logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k: int,
+    r: int,
+    W: int,
+    I: int = 1,
+    *,
+    force_first: int = 0,
+    force_last: int = 0,
+) -> torch.Tensor:
+    """Rank ``r``'s local candidates (stage 1 of the two-stage selection): ``int64 [T, max(1, min(k, L))]``
+    :func:`pack_keys` of its owned tokens, descending (= canonical order), -1 tail.
+
+    Args:
+        local_logits: ``[T, L]`` fp32 scores by local row (columns at or past a row's local length ignored).
+        seq_lens: ``[T]`` global sequence lengths.
+        k, r, W, I: top-k, this rank, world size, interleave; ``force_first`` / ``force_last`` as in
+            :func:`select_reference` (by global id).
+    """
+    T, L = local_logits.shape
+    out = torch.full((T, max(1, min(k, L))), -1, dtype=torch.int64)
+    for t in range(T):
+        seq = int(seq_lens[t])
+        n = min(int(local_length(seq, r, W, I)), L)
+        g = global_id(torch.arange(n), r, W, I)
+        s = local_logits[t, :n].to(torch.float32).clone()
+        s[(g < force_first) | (g >= seq - force_last)] = float("inf")
+        keys = pack_keys(s, g).sort(descending=True).values[: out.shape[1]]
+        out[t, : keys.numel()] = keys
     return out
 
 

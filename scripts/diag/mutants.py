@@ -1,0 +1,366 @@
+"""A mutation audit of the CPU test suite: hand-picked faults in the code the CPU tests run, and whether the tests
+that claim to cover each one fail.
+
+Each mutant is one textual change (a flipped comparison, a dropped guard, one slot instead of two, a missing
+rounding term) of the kind a refactor could make silently. It is applied to a *separate* checkout (``--tree``, e.g.
+``git worktree add --detach /tmp/mut HEAD``), the named tests run there (``PYTHONPATH`` points at that tree, so
+the installed editable package is not used), and the file is restored. A mutant is *killed* when the tests fail,
+*survived* when they pass; a survivor is either a missing test (fix the tests) or an equivalent mutant (say why in
+``note``). The tests are first run once on the unmutated tree: a baseline failure invalidates the audit.
+
+    git worktree add --detach /tmp/mut HEAD
+    python scripts/diag/mutants.py --tree /tmp/mut [--only NAME ...] [--json out.json]
+
+Tool: plain pytest per mutant (mutmut-style tools re-run whole suites per mutant; the CPU tests spawn rank
+processes, so a targeted selection per mutant is what fits a 2-core CI machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the tree
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids / args
+    note: str = ""
+    equivalent: bool = False  # behaves like the original on every input the contract allows (note says why)
+
+
+TOPK, OUT, QH, TEST_PROPS = (
+    "tests/test_topk_host.py::",
+    "tests/test_output.py::",
+    "tests/test_query_host.py::",
+    "tests/test_properties.py::",
+)
+TOPK_SEL = (
+    TOPK + "test_exact_selection_small_k",
+    TOPK + "test_exact_selection_k64_w3",
+    TEST_PROPS + "test_canonical_topk_kernel_matches_bruteforce",
+)
+TOPK_B2B = (TOPK + "test_fifty_back_to_back_without_barrier",)
+TOPK_CACHE = (
+    TOPK + "test_cache_write_read_roundtrip",
+    TOPK + "test_scoring_kernel_against_reference",
+    TOPK + "test_sharded_pipeline_selects_what_replicated_selects",
+)
+OUT_REF = (OUT + "test_backends_agree_with_reference",)
+OUT_B2B = (OUT + "test_direct_50_back_to_back_calls",)
+OUT_TIES = (OUT + "test_exact_ties_round_to_even",)
+Q_HOST = (QH + "test_interpreter_conversions_match_torch", QH + "test_direct_and_allgather_byte_identical")
+Q_B2B = (QH + "test_50_back_to_back_calls_without_barrier",)
+
+K = "peerdcp/topk/kernels.py"
+S = "peerdcp/topk/selector.py"
+O = "peerdcp/output/kernels.py"
+Q = "peerdcp/query/kernels.py"
+KS = "peerdcp/kernel_support.py"
+SENT = "peerdcp/output/sentinel.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---------------------------------------------------------------- Top-K: keys, force, merge, owned, cache
+    Mutant("topk.key.neg_zero", K, "s = tl.where(s == 0.0, 0.0, s)  # -0.0 == +0.0", "s = s", TOPK_SEL),
+    Mutant("topk.key.nan_lowest", K, "o = tl.where(s != s, 0, o)  # NaN", "o = o  #", TOPK_SEL),
+    Mutant(
+        "topk.key.neg_order",
+        K,
+        "o = tl.where(b < 0, -b - 1, b + 2147483647 + 1)",
+        "o = tl.where(b < 0, -b, b + 2147483647 + 1)",
+        TOPK_SEL,
+        "keeps the order (negative keys one higher): only the key values of local_candidates() show it",
+    ),
+    Mutant("topk.keys.force_last", K, "(g >= L - force_last), float", "(g > L - force_last), float", TOPK_SEL),
+    Mutant("topk.keys.force_first", K, "(g < force_first) | (g >= L", "(g <= force_first) | (g >= L", TOPK_SEL),
+    Mutant("topk.keys.valid_len", K, "valid = m & (g < L)", "valid = m & (g <= L)", TOPK_SEL),
+    Mutant(
+        "topk.merge.logk_short",
+        S,
+        "LOGK=k.bit_length(),",
+        "LOGK=k.bit_length() - 1,",
+        (
+            TEST_PROPS + "test_canonical_topk_kernel_matches_bruteforce",
+            TOPK + "test_rows_beyond_max_rows_use_allgather",
+        ),
+    ),
+    Mutant("topk.merge.direct_logk_short", S, "LOGK=K.bit_length(),", "LOGK=K.bit_length() - 1,", TOPK_SEL),
+    Mutant(
+        "topk.merge.drop_bound",
+        K,
+        "mask=xvalid & (pos < K))",
+        "mask=xvalid & (pos <= K))",
+        TOPK_SEL,
+        "a store one past the row: lands in the next row's first slot (seen when that row is empty)",
+    ),
+    Mutant(
+        "topk.merge.one_slot",
+        K,
+        "        slot = epoch % 2\n        if aborted",
+        "        slot = 0\n        if aborted",
+        TOPK_B2B + TOPK_SEL,
+        "publish still writes the parity slot: the merge reads the other one",
+    ),
+    Mutant(
+        "topk.publish.one_slot",
+        K,
+        "    slot = epoch % 2\n    for c in range(0, K, BLOCK):",
+        "    slot = 0\n    for c in range(0, K, BLOCK):",
+        TOPK_B2B + TOPK_SEL,
+    ),
+    Mutant("topk.owned.tail", K, "mask=m & (offs >= cnt))", "mask=m & (offs > cnt))", (TOPK_SEL[0],)),
+    Mutant(
+        "topk.owned.row",
+        K,
+        "lrow = (g0 // (I * W)) * I + g0 % I",
+        "lrow = (g0 // (I * W)) * I",
+        (TOPK_SEL[0],) + TOPK_B2B,
+    ),
+    Mutant(
+        "topk.local_length.clamp", K, "rem = tl.minimum(tl.maximum(rem, 0), I)", "rem = tl.maximum(rem, 0)", TOPK_CACHE
+    ),
+    Mutant(
+        "topk.write.capacity",
+        K,
+        "keep = mi & (s >= 0) & (s < capacity)",
+        "keep = mi & (s >= 0)",
+        (TOPK + "test_cache_write_read_roundtrip", TOPK + "test_cache_bad_input"),
+    ),
+    Mutant("topk.write.owner", K, "keep = keep & (((s // I) % W) == rank)", "keep = keep", TOPK_CACHE),
+    # ---------------------------------------------------------------- Output: sanitize, empty sources, parity
+    Mutant(
+        "out.sanitize.inf",
+        O,
+        'tl.where((l != l) | (l == float("inf")), float("-inf"), l)',
+        'tl.where(l != l, float("-inf"), l)',
+        OUT_REF,
+    ),
+    Mutant(
+        "out.sanitize.nan",
+        O,
+        'tl.where((l != l) | (l == float("inf")), float("-inf"), l)',
+        'tl.where(l == float("inf"), float("-inf"), l)',
+        OUT_REF,
+    ),
+    Mutant("out.merged_lse.empty", O, 'return tl.where(s > 0, m + lg, float("-inf"))', "return m + lg", OUT_REF),
+    Mutant(
+        "out.direct.all_empty_max",
+        O,
+        '                mx = tl.maximum(mx, _sanitize(l))\n            mx = tl.where(mx == float("-inf"), 0.0, mx)',
+        "                mx = tl.maximum(mx, _sanitize(l))\n            mx = mx",
+        OUT_REF,
+        "equivalent: with every source empty the weights are NaN, and NaN fails both 'w > 0' and 'ssum > 0'",
+        equivalent=True,
+    ),
+    Mutant(
+        "out.direct.empty_div",
+        O,
+        "            res = acc / tl.where(ssum > 0, ssum, 1.0)[:, None]",
+        "            res = acc / ssum[:, None]",
+        OUT_REF,
+        "0 / 0 for a row whose sources are all empty",
+    ),
+    Mutant(
+        "out.combine.reads_empty",
+        O,
+        "        ssum += w\n        acc += tl.where((w > 0)[:, None], w[:, None] * to_f32(x, GPU), 0.0)\n",
+        "        x = tl.load(recv + (t * 0 + i) * s_n + t * s_t + heads[:, None] * s_h + dd[None, :], mask=m2)\n"
+        "        ssum += w\n        acc += w[:, None] * to_f32(x, GPU)\n",
+        OUT_REF,
+        "both guards of rule 4 removed (either alone is covered by the other)",
+    ),
+    Mutant(
+        "out.direct.one_slot",
+        O,
+        "    e = next_epoch(epochs + p)\n    slot = e % 2\n    fv",
+        "    e = next_epoch(epochs + p)\n    slot = 0\n    fv",
+        OUT_B2B,
+    ),
+    Mutant(
+        "out.direct.flag_without_T",
+        O,
+        "fv = e * 1048576 + T",
+        "fv = e * 1048576",
+        (OUT + "test_ranks_disagreeing_on_T_time_out",),
+    ),
+    Mutant(
+        "out.correct.lse_rank",
+        O,
+        "        if d == rank:\n            tl.store(out_lse",
+        "        if d == 0:\n            tl.store(out_lse",
+        OUT_REF,
+    ),
+    Mutant("out.cast.truncate", KS, "x = f32_to_bf16_bits(x)", "x = (x.to(tl.int32, bitcast=True) >> 16)", OUT_TIES),
+    Mutant(
+        "out.widen.interpreter_cast",
+        O,
+        "    y = tl.where((wr > 0)[:, None], scale[:, None] * to_f32(x, GPU), 0.0)",
+        "    y = tl.where((wr > 0)[:, None], scale[:, None] * x.to(tl.float32), 0.0)",
+        (OUT + "test_bf16_subnormal_payloads_exact",),
+        "ag_rs: Triton 3.6's interpreter widens bf16 subnormals wrongly",
+    ),
+    # ---------------------------------------------------------------- Query: FP8 / bf16 bits, RoPE, parity
+    Mutant("q.e4m3.saturate", Q, "((tl.minimum(a, 0x43E00000) + 0x7FFFF", "((a + 0x7FFFF", Q_HOST),
+    Mutant("q.e4m3.rne", Q, "+ 0x7FFFF + ((a >> 20) & 1)) >> 20)", "+ 0x80000) >> 20)", Q_HOST),
+    Mutant(
+        "q.e4m3.inf_is_nan",
+        Q,
+        "code = tl.where(a > 0x7F800000, 0x7F, code)",
+        "code = tl.where(a >= 0x7F800000, 0x7F, code)",
+        Q_HOST,
+        "satfinite sends +-inf to +-448; the mutant sends it to NaN",
+    ),
+    Mutant(
+        "q.e4m3.subnormal",
+        Q,
+        "code_s = ((small * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)",
+        "code_s = (small * 512.0).to(tl.int32)",
+        Q_HOST,
+        "truncates instead of RNE below 2^-6",
+    ),
+    Mutant(
+        "bf16.rne", KS, "r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16", "r = (bits + 0x8000) >> 16", Q_HOST + OUT_TIES
+    ),
+    Mutant(
+        "bf16.nan_quiet",
+        KS,
+        "(bits >> 16) | 0x40, r)",
+        "(bits >> 16), r)",
+        Q_HOST,
+        "a NaN whose payload sits in the low 16 bits would become inf",
+    ),
+    Mutant(
+        "bf16.widen",
+        KS,
+        "            x = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)\n",
+        "            x = x.to(tl.float32)\n",
+        (QH + "test_bf16_subnormal_pe_exact_on_cpu", OUT + "test_bf16_subnormal_payloads_exact"),
+    ),
+    Mutant("q.rope.sign", Q, "    y0 = x0 * c - x1 * s\n", "    y0 = x0 * c + x1 * s\n", Q_HOST),
+    Mutant(
+        "q.rope.neox_pairs",
+        Q,
+        "    if NEOX:\n        x0, x1 = tl.split(tl.permute",
+        "    if not NEOX:\n        x0, x1 = tl.split(tl.permute",
+        Q_HOST,
+    ),
+    Mutant(
+        "q.direct.one_slot",
+        Q,
+        "            slot = par\n        me = peer_pointer",
+        "            slot = 0\n        me = peer_pointer",
+        Q_B2B,
+    ),
+    # ---------------------------------------------------------------- protocol helpers and sentinel formats
+    Mutant(
+        "ks.epoch.plus_two",
+        KS,
+        "    e = tl.load(counter_ptr) + 1\n",
+        "    e = tl.load(counter_ptr) + 2\n",
+        TOPK_B2B + OUT_B2B,
+        "+2 keeps every epoch on one parity: the one-slot race",
+    ),
+    Mutant(
+        "ks.wait.no_error_word",
+        KS,
+        "    if ok == 0:\n        err = err_addr",
+        "    if ok == 2:\n        err = err_addr",
+        (
+            TOPK + "test_missing_peer_raises_timeout",
+            OUT + "test_missing_peer_raises_timeout",
+            QH + "test_missing_peer_raises_timeout",
+        ),
+    ),
+    Mutant("sentinel.out.torn_lse", SENT, " and a & _M32 == b & _M32:", ":", ("tests/test_sentinel_protocol.py",)),
+    Mutant(
+        "sentinel.out.half_check",
+        SENT,
+        "return all((w & 0xFFFF) != 0xFFFF and (w >> 16) & 0xFFFF != 0xFFFF for w in words)",
+        "return all((w & 0xFFFF) != 0xFFFF for w in words)",
+        ("tests/test_sentinel_protocol.py",),
+        "equivalent under the format's premise (32-bit words are single-copy atomic, so a word is either at rest, "
+        "0xFFFFFFFF, or fully written with no 0xFFFF half): one half decides",
+        equivalent=True,
+    ),
+)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, float, str]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--timeout={timeout}", *tests]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout * 4)
+    except subprocess.TimeoutExpired:
+        return "killed(hang)", time.monotonic() - t0, "whole selection over its limit"
+    dt = time.monotonic() - t0
+    last = (p.stdout.strip().splitlines() or [""])[-1]
+    if p.returncode == 0:
+        return "survived", dt, last
+    if p.returncode == 1:
+        return "killed", dt, last
+    return f"error(rc={p.returncode})", dt, (p.stdout + p.stderr)[-400:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, required=True, help="a separate checkout to mutate (never the working one)")
+    ap.add_argument("--only", nargs="*", help="mutant names (prefix match)")
+    ap.add_argument("--timeout", type=int, default=240, help="pytest-timeout per test, seconds")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    tree = args.tree.resolve()
+    if tree == Path(__file__).resolve().parents[2]:
+        ap.error("--tree must be a separate checkout: mutants are written into it")
+    todo = [m for m in MUTANTS if not args.only or any(m.name.startswith(o) for o in args.only)]
+    for m in todo:  # every mutant must apply before anything runs
+        n = (tree / m.path).read_text().count(m.old)
+        if n != 1:
+            raise SystemExit(f"{m.name}: the text to replace occurs {n} times in {m.path}")
+    if not args.no_baseline:
+        sel = tuple(dict.fromkeys(t for m in todo for t in m.tests))
+        status, dt, last = run_tests(tree, sel, args.timeout)
+        print(f"baseline ({len(sel)} selections): {status} in {dt:.0f} s: {last}", flush=True)
+        if status != "survived":
+            raise SystemExit("the unmutated tree fails its tests: fix that first")
+    rows = []
+    for m in todo:
+        f = tree / m.path
+        orig = f.read_text()
+        try:
+            f.write_text(orig.replace(m.old, m.new))
+            status, dt, last = run_tests(tree, m.tests, args.timeout)
+        finally:
+            f.write_text(orig)
+        rows.append({**asdict(m), "status": status, "seconds": round(dt, 1), "last": last})
+        print(f"{m.name:32s} {status:14s} {dt:6.0f} s  {last[:90]}", flush=True)
+    killed = sum(r["status"].startswith("killed") for r in rows)
+    print(f"\n{killed} of {len(rows)} mutants killed")
+    bad = []
+    for r in rows:
+        dead = r["status"].startswith("killed")
+        if dead and r["equivalent"]:
+            bad.append(r)
+            print(f"  killed, but listed as equivalent (the note is wrong): {r['name']}")
+        elif not dead:
+            if not r["equivalent"]:
+                bad.append(r)
+            kind = "equivalent" if r["equivalent"] else "NOT EQUIVALENT: a missing test"
+            print(f"  {r['status']} ({kind}): {r['name']} ({r['path']}) {r['note']}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

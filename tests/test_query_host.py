@@ -49,13 +49,17 @@ def test_direct_and_allgather_byte_identical(pools, world, names):
         fns.check_matrix(r, names, "host")
 
 
-def test_50_back_to_back_calls_without_barrier(pools):
-    res = pools(2).run(fns.back_to_back, 50, raw_max=3)
+@pytest.mark.parametrize("world", [2, 3])
+def test_50_back_to_back_calls_without_barrier(pools, world):
+    """W = 3 on the 2-core CI machine: a descheduled rank is what lets a peer reach call e + 1 while it still reads
+    call e (a one-slot kernel passes at W = 2 there and fails at W = 3)."""
+    res = pools(world).run(fns.back_to_back, 50, raw_max=3)
     for r in res:
         assert r["bad"] == [], r
         assert r["backend"] == "direct" and r["calls"] == 50, r
         assert r["exposed"] > 10 and min(r["tokens"]) == 1 and max(r["tokens"]) > 4, r
-        assert r["modes"] == ["exposed", "push", "raw"], r  # the exchanges share the parity slots
+        # the exchanges share the parity slots (W > 2: no FP8 push slots, the copy calls are raw)
+        assert r["modes"] == (["exposed", "push", "raw"] if world == 2 else ["exposed", "raw"]), r
 
 
 def test_bad_inputs_raise_before_launch(pools):

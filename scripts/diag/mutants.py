@@ -36,14 +36,18 @@ class Mutant:
     tests: tuple[str, ...]  # pytest node ids / args
     note: str = ""
     equivalent: bool = False  # behaves like the original on every input the contract allows (note says why)
+    gpu: bool = False  # killed (or not) by GPU tests: run with --gpu on a GPU machine
+    covered_by: str = ""  # a CPU mutant the CPU tests cannot see: the GPU mutant (same change) that is killed
 
 
-TOPK, OUT, QH, TEST_PROPS = (
+TOPK, OUT, QH, TEST_PROPS, MEM = (
     "tests/test_topk_host.py::",
     "tests/test_output.py::",
     "tests/test_query_host.py::",
     "tests/test_properties.py::",
+    "tests/test_memory_host.py::",
 )
+QG = "tests/test_query_gpu.py::"
 TOPK_SEL = (
     TOPK + "test_exact_selection_small_k",
     TOPK + "test_exact_selection_k64_w3",
@@ -259,6 +263,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "            slot = par\n        me = peer_pointer",
         "            slot = 0\n        me = peer_pointer",
         Q_B2B,
+        "interpreter programs run one after another: only a call's first program can overrun a peer's last one",
+        covered_by="q.direct.one_slot@gpu",
+    ),
+    # ---------------------------------------------------------------- GPU (--gpu): the races the interpreter hides
+    Mutant(
+        "q.direct.one_slot@gpu",
+        Q,
+        "            slot = par\n        me = peer_pointer",
+        "            slot = 0\n        me = peer_pointer",
+        (QG + "test_gpu_back_to_back_eager[triton]",),
+        "the interpreter runs a grid's programs one after another, so only a call's first program can overrun a "
+        "peer still in its last one; the CPU tests do not see it",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.one_slot",
+        "csrc/query_direct.cu",
+        "const int slot = MODE == kExposed ? kSlotZ : par;",
+        "const int slot = MODE == kExposed ? kSlotZ : 0;",
+        (QG + "test_gpu_back_to_back_eager[cuda]",),
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.output.one_slot",
+        "csrc/output_direct.cu",
+        "  const int slot = static_cast<int>(e & 1);\n  const int64_t fv = call_flag(e, p.T);",
+        "  const int slot = 0;\n  const int64_t fv = call_flag(e, p.T);",
+        (
+            "tests/test_output_gpu.py::test_direct_agrees_with_reference[cuda_plain-vmm]",
+            "tests/test_output_gpu.py::test_10000_graph_replays_with_changing_inputs[cuda_plain-vmm]",
+        ),
+        "on one GPU shared by the ranks their kernels time-slice: a peer's combine is overrun only if it is preempted",
+        gpu=True,
     ),
     # ---------------------------------------------------------------- protocol helpers and sentinel formats
     Mutant(
@@ -280,6 +317,42 @@ MUTANTS: tuple[Mutant, ...] = (
             QH + "test_missing_peer_raises_timeout",
         ),
     ),
+    Mutant(
+        "mem.host.no_unlink",
+        "peerdcp/memory/host.py",
+        "    os.unlink(path)\n    linked = False\n",
+        "    linked = False\n",
+        (MEM + "test_200_cycles_leave_nothing",),
+    ),
+    Mutant(
+        "mem.host.rollback_keeps_maps",
+        "peerdcp/memory/host.py",
+        "                _unmap(addr, size)\n",
+        "                pass\n",
+        (MEM + "test_failing_rank_rolls_back_everywhere",),
+    ),
+    Mutant(
+        "mem.host.close_keeps_maps",
+        "peerdcp/memory/host.py",
+        "                _unmap(a, size)\n",
+        "                pass\n",
+        (MEM + "test_200_cycles_leave_nothing",),
+    ),
+    Mutant(
+        "dist.agree.only_self",
+        "peerdcp/_dist.py",
+        "    bad = [(r, m) for r, m in enumerate(msgs) if m is not None]\n    if bad:\n        detail",
+        "    bad = [(r, m) for r, m in enumerate(msgs) if m is not None and r == info.rank]\n"
+        "    if bad:\n        detail",
+        (MEM + "test_failing_rank_rolls_back_everywhere",),
+    ),
+    Mutant(
+        "dist.agree_or_release.no_close",
+        "peerdcp/_dist.py",
+        "            if buf is not None:\n                buf.close()",
+        "            if buf is not None:\n                pass",
+        (MEM + "test_failure_after_the_allocation_on_one_rank_is_agreed",),
+    ),
     Mutant("sentinel.out.torn_lse", SENT, " and a & _M32 == b & _M32:", ":", ("tests/test_sentinel_protocol.py",)),
     Mutant(
         "sentinel.out.half_check",
@@ -299,13 +372,13 @@ def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, fl
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--timeout={timeout}", *tests]
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout * 4)
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout * 2 + 60)
     except subprocess.TimeoutExpired:
         return "killed(hang)", time.monotonic() - t0, "whole selection over its limit"
     dt = time.monotonic() - t0
     last = (p.stdout.strip().splitlines() or [""])[-1]
     if p.returncode == 0:
-        return "survived", dt, last
+        return ("survived" if " passed" in last else "not run"), dt, last  # all skipped: says nothing
     if p.returncode == 1:
         return "killed", dt, last
     return f"error(rc={p.returncode})", dt, (p.stdout + p.stderr)[-400:]
@@ -318,11 +391,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=240, help="pytest-timeout per test, seconds")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--gpu", action="store_true", help="the GPU mutants (on a GPU machine) instead of the CPU ones")
     args = ap.parse_args()
     tree = args.tree.resolve()
     if tree == Path(__file__).resolve().parents[2]:
         ap.error("--tree must be a separate checkout: mutants are written into it")
-    todo = [m for m in MUTANTS if not args.only or any(m.name.startswith(o) for o in args.only)]
+    todo = [m for m in MUTANTS if m.gpu == args.gpu and (not args.only or any(m.name.startswith(o) for o in args.only))]
     for m in todo:  # every mutant must apply before anything runs
         n = (tree / m.path).read_text().count(m.old)
         if n != 1:
@@ -353,9 +427,10 @@ def main() -> int:
             bad.append(r)
             print(f"  killed, but listed as equivalent (the note is wrong): {r['name']}")
         elif not dead:
-            if not r["equivalent"]:
+            if not (r["equivalent"] or r["covered_by"]):
                 bad.append(r)
             kind = "equivalent" if r["equivalent"] else "NOT EQUIVALENT: a missing test"
+            kind = f"killed on GPU as {r['covered_by']}" if r["covered_by"] else kind
             print(f"  {r['status']} ({kind}): {r['name']} ({r['path']}) {r['note']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

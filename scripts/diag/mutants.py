@@ -61,6 +61,10 @@ TOPK_CACHE = (
     TOPK + "test_scoring_kernel_against_reference",
     TOPK + "test_sharded_pipeline_selects_what_replicated_selects",
 )
+TOPK_SCORE = (
+    TOPK + "test_scoring_kernel_against_reference",
+    TOPK + "test_sharded_pipeline_selects_what_replicated_selects",
+)
 OUT_REF = (OUT + "test_backends_agree_with_reference",)
 OUT_B2B = (OUT + "test_direct_50_back_to_back_calls",)
 OUT_TIES = (OUT + "test_exact_ties_round_to_even",)
@@ -142,6 +146,38 @@ MUTANTS: tuple[Mutant, ...] = (
         (TOPK + "test_cache_write_read_roundtrip", TOPK + "test_cache_bad_input"),
     ),
     Mutant("topk.write.owner", K, "keep = keep & (((s // I) % W) == rank)", "keep = keep", TOPK_CACHE),
+    Mutant(
+        "topk.score.relu", K, "r = tl.sum(tl.maximum(s, 0.0) * wv[None, :]", "r = tl.sum(s * wv[None, :]", TOPK_SCORE
+    ),
+    Mutant(
+        "topk.score.k_scale",
+        K,
+        "r = tl.sum(tl.maximum(s, 0.0) * wv[None, :], axis=1) * ks",
+        "r = tl.sum(tl.maximum(s, 0.0) * wv[None, :], axis=1)",
+        TOPK_SCORE,
+    ),
+    Mutant(
+        "topk.score.past_length",
+        K,
+        'r = tl.where((l < nloc) & inb, r, float("-inf"))',
+        'r = tl.where(inb, r, float("-inf"))',
+        TOPK_SCORE,
+    ),
+    Mutant(
+        "topk.score.table_width",
+        K,
+        "            inb = j < table_cols\n",
+        "            inb = j >= 0\n",
+        TOPK_SCORE,
+        "a table narrower than the row: its missing columns read page 0",
+    ),
+    Mutant(
+        "topk.score.sharded_length",
+        K,
+        "        nloc = _local_length(L, rank, W, I)\n",
+        "        nloc = L\n",
+        TOPK_SCORE,
+    ),
     # ---------------------------------------------------------------- Output: sanitize, empty sources, parity
     Mutant(
         "out.sanitize.inf",
@@ -258,6 +294,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if NEOX:\n        x0, x1 = tl.split(tl.permute",
         "    if not NEOX:\n        x0, x1 = tl.split(tl.permute",
         Q_HOST,
+    ),
+    Mutant(
+        "q.acks.never_wait",
+        Q,
+        "    ez = tl.load(last_z + p)\n    if ez > 0:",
+        "    ez = tl.load(last_z + p)\n    if ez < 0:",
+        Q_B2B,
     ),
     Mutant(
         "q.direct.one_slot",

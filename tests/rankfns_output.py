@@ -216,44 +216,42 @@ def missing_peer(config: dict, absent: int, timeout_s: float) -> dict:
     return res
 
 
+def _bits_vs_reference(red, outs: list[torch.Tensor], lses: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """This rank's ``reduce`` of every rank's ``outs`` / ``lses`` against the fp64 reference rounded once to the
+    output dtype: ``(expected output, number of elements whose bits differ)``."""
+    rank = dist.get_rank()
+    got = red.reduce(outs[rank].to(red.device), lses[rank].to(red.device)).cpu()
+    expect = dcp_reduce(outs, lses, rank).to(red.dtype)
+    return expect, int((got.view(torch.int16) != expect.view(torch.int16)).sum())
+
+
 def rounding_ties(config: dict, seed: int) -> dict:
     """W = 2, every (token, head) gets two equal LSEs and two adjacent values a, b of the output dtype, so the
     exact result (a + b) / 2 is a tie of that dtype: it must round to even, bit for bit as torch rounds the fp64
     reference (the interpreter's own fp32 -> bf16 cast truncates; ``kernel_support.cast_rne`` rounds by hand)."""
-    W, rank = dist.get_world_size(), dist.get_rank()
-    res = {}
+    W = dist.get_world_size()
     with peerdcp.OutputReducer(None, **config) as red:
         T, H, D, dtype = red.max_tokens, red.heads, red.head_dim, red.dtype
         g = torch.Generator().manual_seed(seed)
         a = (torch.randn(T, W * H, D, generator=g) * 8).to(dtype)
-        bits = a.view(torch.int16)
-        b = (bits + 1).view(dtype)  # the next value away from 0 (same sign): (a + b) / 2 is exact in fp32 and a tie
-        outs = [a, b]
+        b = (a.view(torch.int16) + 1).view(dtype)  # the next value away from 0: (a + b) / 2 is exact in fp32, a tie
         lse = (torch.randn(T, W * H, generator=g) * 4).float()
-        lses = [lse, lse.clone()]
-        got = red.reduce(outs[rank].to(red.device), lses[rank].to(red.device)).cpu()
-        expect = dcp_reduce(outs, lses, rank).to(dtype)
-        res["mismatch"] = int((got.view(torch.int16) != expect.view(torch.int16)).sum())
-        res["ties"] = int(got.numel())
-        res["backend"] = red.backend
-    return res
+        expect, mismatch = _bits_vs_reference(red, [a, b], [lse, lse.clone()])
+        return {"mismatch": mismatch, "ties": expect.numel(), "backend": red.backend}
 
 
 def subnormal_payloads(config: dict, seed: int) -> dict:
     """bf16 payloads that are subnormal (|x| < 2^-126) from every source, equal LSEs: the result must equal the
     fp64 reference rounded once, bit for bit (Triton 3.6's interpreter converts bf16 subnormals wrongly both ways;
     ``kernel_support.to_f32`` / ``cast_rne`` go through the bits there)."""
-    W, rank = dist.get_world_size(), dist.get_rank()
+    W = dist.get_world_size()
     with peerdcp.OutputReducer(None, **config) as red:
         T, H, D, dtype = red.max_tokens, red.heads, red.head_dim, red.dtype
         g = torch.Generator().manual_seed(seed)
         outs = [(torch.randn(T, W * H, D, generator=g) * 1e-39).to(dtype) for _ in range(W)]
-        lses = [torch.zeros(T, W * H) for _ in range(W)]
-        got = red.reduce(outs[rank].to(red.device), lses[rank].to(red.device)).cpu()
-        expect = dcp_reduce(outs, lses, rank).to(dtype)
-        bad = got.view(torch.int16) != expect.view(torch.int16)
+        expect, mismatch = _bits_vs_reference(red, outs, [torch.zeros(T, W * H) for _ in range(W)])
         subnormal = int((expect.abs() < 2.0**-126).sum())
-        return {"mismatch": int(bad.sum()), "subnormal": subnormal, "backend": red.backend}
+        return {"mismatch": mismatch, "subnormal": subnormal, "backend": red.backend}
 
 
 def mismatched_tokens(config: dict, timeout_s: float) -> dict:

@@ -182,6 +182,7 @@ def test_exact_ties_round_to_even(pools, backend, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bf16_subnormal_payloads_exact(pools, backend):
+    """Subnormal bf16 payloads combine exactly on CPU too (the interpreter's own bf16 conversions get them wrong)."""
     cfg = dict(_config(2, backend), max_tokens=4)
     for r in pools(2).run(fns.subnormal_payloads, cfg, 9):
         assert r["backend"] == backend and r["subnormal"] > 0 and r["mismatch"] == 0, r

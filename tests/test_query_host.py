@@ -51,8 +51,9 @@ def test_direct_and_allgather_byte_identical(pools, world, names):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_50_back_to_back_calls_without_barrier(pools, world):
-    """W = 3 on the 2-core CI machine: a descheduled rank is what lets a peer reach call e + 1 while it still reads
-    call e (a one-slot kernel passes at W = 2 there and fails at W = 3)."""
+    """W = 3 as well: no FP8 push slots there (raw copy calls), and three ranks on a 2-core CI machine drift apart
+    more. A one-slot kernel still passes both (the interpreter runs a grid's programs in order, so only a call's
+    first program could overrun a peer's last one); the GPU back-to-back test catches that (mutants.py --gpu)."""
     res = pools(world).run(fns.back_to_back, 50, raw_max=3)
     for r in res:
         assert r["bad"] == [], r

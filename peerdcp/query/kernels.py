@@ -8,8 +8,8 @@ into output bits: nope ``x * quant_scale`` and rotated pe ``(x0*c - x1*s) * quan
 ``(x0*s + x1*c) * quant_scale``, each product and sum rounded to fp32 (kernels are launched with
 ``enable_fp_fusion=False``), then a saturating RNE cast to e4m3 (or RNE bf16). The interpreter's own
 float8/bf16 casts truncate, so off the GPU the casts are done on the integer bits (``_f32_to_e4m3_bits``
-here, ``kernel_support.f32_to_bf16_bits``; checked bit-for-bit against torch over every e4m3 midpoint in
-the tests), and bf16 inputs are widened from their bits (``kernel_support.to_f32``).
+here, ``kernel_support.cast_rne``; checked bit-for-bit against torch over every e4m3 midpoint in the
+tests), and bf16 inputs are widened from their bits (``kernel_support.to_f32``).
 
 Exposed buffer of each rank (``PeerBuffer``, zero-filled; offsets in bytes)::
 
@@ -81,7 +81,7 @@ import triton
 import triton.language as tl
 
 from ..kernel_support import (
-    f32_to_bf16_bits,
+    cast_rne,
     fence_system,
     next_epoch,
     peer_pointer,
@@ -169,10 +169,7 @@ def _cvt(v, quant_scale, OUT_FP8: tl.constexpr, GPU: tl.constexpr):
         else:
             return _f32_to_e4m3_bits(y).to(tl.uint8)
     else:
-        if GPU:
-            return v.to(tl.bfloat16).to(tl.int16, bitcast=True)
-        else:
-            return f32_to_bf16_bits(v).to(tl.int16)
+        return cast_rne(v, tl.bfloat16, GPU).to(tl.int16, bitcast=True)
 
 
 @triton.jit

@@ -1,5 +1,5 @@
-"""A mutation audit of the CPU test suite: hand-picked faults in the code the CPU tests run, and whether the tests
-that claim to cover each one fail.
+"""A mutation audit of the test suite: hand-picked faults in the code the tests run (CPU, or with ``--gpu`` the GPU
+tests), and whether the tests that claim to cover each one fail.
 
 Each mutant is one textual change (a flipped comparison, a dropped guard, one slot instead of two, a missing
 rounding term) of the kind a refactor could make silently. It is applied to a *separate* checkout (``--tree``, e.g.
@@ -27,6 +27,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from peerdcp.memory.host import SHM_DIR, SHM_PREFIX
 
 
 @dataclass(frozen=True)
@@ -413,7 +415,7 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 def _shm_files() -> set[str]:
-    return set(glob.glob("/dev/shm/peerdcp-*"))
+    return set(glob.glob(os.path.join(SHM_DIR, SHM_PREFIX + "*")))
 
 
 def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, float, str]:

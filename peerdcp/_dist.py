@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import socket
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from .errors import PeerSetupError
+from .errors import PeerSetupError, PeerTimeoutError
 
 __all__ = [
     "GroupInfo",
@@ -17,6 +22,7 @@ __all__ = [
     "agree_args",
     "agree_or_release",
     "all_gather_object",
+    "bounded_collective",
     "register_cpu_group",
 ]
 
@@ -144,6 +150,46 @@ def agree_or_release(info: GroupInfo, error: BaseException | None, what: str, bu
                 buf.close()
         finally:
             raise e from error
+
+
+def bounded_collective(
+    op: Callable[..., Any],
+    out: Any,
+    inp: torch.Tensor,
+    *,
+    group: dist.ProcessGroup,
+    timeout_s: float,
+    rank: int,
+    mechanism: str,
+) -> None:
+    """``op(out, inp, group=group)``, a torch.distributed collective (all-gather, all-to-all, reduce-scatter; ``out`` a
+    tensor or a list of them), with a bound on the host's wait where the host waits anyway.
+
+    CPU tensors (gloo runs the collective on the host: the caller blocks until it ends): started with ``async_op``
+    and waited for at most ``timeout_s`` seconds; one that has not completed by then raises
+    :class:`~peerdcp.PeerTimeoutError` with ``peer = -1`` (a collective does not say which rank is missing). That
+    collective stays pending on the group: the missing rank's matching call completes it; until then the group
+    must carry no other collective (destroy it, or let that rank call). An error of the collective itself that comes
+    sooner (a peer's process died: connection closed) is raised as torch raises it. torch 2.13's gloo reduce-scatter
+    work ignores the wait's bound (and never reports completion): it waits as gloo does, up to the group's timeout
+    (the Output ``ag_rs`` backend's all-gather before it is bounded, so a peer missing from a call is caught there).
+
+    Device tensors: ``op`` as it is (NCCL queues it on the stream, capturable in a CUDA graph; the host does not wait
+    for it, so a missing peer ends in the process group's own timeout, as in any NCCL program).
+    """
+    if inp.device.type != "cpu":
+        op(out, inp, group=group)
+        return
+    start = time.monotonic()
+    work = op(out, inp, group=group, async_op=True)
+    try:
+        work.wait(timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        # (the base Work raises "Operation timed out!" and leaves the work pending; an error of the collective
+        # itself completes it, except for reduce-scatter works, which never report completion: hence the clock)
+        if work.is_completed() or time.monotonic() - start < timeout_s:
+            raise
+        raise PeerTimeoutError(rank, -1, mechanism, -1, timeout_s) from e
 
 
 def hostname() -> str:

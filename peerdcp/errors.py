@@ -28,7 +28,8 @@ class PeerTimeoutError(PeerDCPError):
 
     Attributes:
         rank: the rank (in the group) that waited.
-        peer: the rank whose signal never arrived.
+        peer: the rank whose signal never arrived (-1: not known - a collective backend's call that did not
+            complete in time names no rank).
         mechanism: which exchange waited ("output", "query", "topk", ...).
         epoch: the device epoch of the call that timed out (-1 if unknown).
         timeout_s: the bound that expired, in seconds (None if unknown).
@@ -37,10 +38,11 @@ class PeerTimeoutError(PeerDCPError):
     def __init__(self, rank: int, peer: int, mechanism: str, epoch: int = -1, timeout_s: float | None = None):
         self.rank, self.peer, self.mechanism, self.epoch, self.timeout_s = rank, peer, mechanism, epoch, timeout_s
         wait = f" within {timeout_s:g} s" if timeout_s is not None else ""
-        super().__init__(
-            f"peerdcp {mechanism}: rank {rank} waited for peer {peer}{wait} and it never signalled "
-            f"(epoch {epoch}); the object is now unusable and must be re-created"
-        )
+        if peer >= 0:
+            what = f"waited for peer {peer}{wait} and it never signalled (epoch {epoch})"
+        else:
+            what = f"started a collective that did not complete{wait} (a peer never joined it)"
+        super().__init__(f"peerdcp {mechanism}: rank {rank} {what}; the object is now unusable and must be re-created")
 
     def __reduce__(self):
         # (the default pickles the message as the only argument: unpickling then failed with a TypeError, and a

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import triton
 
 from .._checks import resolve_device, timeout_problem
-from .._dist import agree, agree_or_release, all_gather_object, resolve_group
+from .._dist import agree, agree_or_release, all_gather_object, bounded_collective, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from ..memory import allocate, choose_memory
@@ -184,8 +184,9 @@ class OutputReducer:
         memory: peer memory for ``direct``: ``"auto"`` | ``"vmm"`` | ``"symm"`` | ``"host"``.
         lse_base: ``"e"`` (natural log: FlashMLA) or ``2`` (log2: FlashInfer, trtllm).
         timeout_s: bound of every wait of the direct backend for a peer, in seconds (0 < timeout_s <= 1e6). The
-            collective backends (``a2a``, ``ag_rs``, and ``auto``'s fallback to them) wait as torch.distributed
-            does: a missing peer there ends in the process group's own timeout and error.
+            collective backends (``a2a``, ``ag_rs``, and ``auto``'s fallback to them) bound each collective by it
+            on CPU tensors (gloo); on the GPU they wait as NCCL does: a missing peer there ends in the process
+            group's own timeout and error.
         device: CUDA device (default: current) or ``"cpu"`` (host memory, interpreter kernels).
         kernel: direct kernel: ``"auto"`` (:data:`DIRECT_KERNEL_DEFAULT` on CUDA, Triton on CPU),
             ``"cuda"`` (``csrc/output_direct.cu``; needs ``D % 8 == 0``, W <= 8) or ``"triton"``.
@@ -647,8 +648,16 @@ class OutputReducer:
             self._record_error()
             raise self._error
 
-    def _collective_group(self):
-        return self._info.group if self.device.type == "cuda" else self._info.cpu_group
+    def _collective(self, op, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """One collective of the a2a / ag_rs backends: on CPU tensors over the gloo group, bounded by ``timeout_s``
+        (a missing peer: PeerTimeoutError, and the reducer refuses further calls); on the GPU over the caller's group
+        (NCCL: the process group's timeout)."""
+        group = self._info.group if self.device.type == "cuda" else self._info.cpu_group
+        try:
+            bounded_collective(op, out, inp, group=group, timeout_s=self.timeout_s, rank=self.rank, mechanism="output")
+        except PeerTimeoutError as e:
+            self._error = e
+            raise
 
     def _combine_args(self, H: int, D: int) -> tuple[int, int]:
         target = TUNING["triton_unit_elems_gpu"] if self.device.type == "cuda" else TUNING["triton_unit_elems_cpu"]
@@ -663,7 +672,7 @@ class OutputReducer:
         recv = torch.empty_like(send)
         send[:, :, :pb].view(self.dtype).unflatten(-1, (H, D)).copy_(po.view(T, W, H, D).transpose(0, 1))
         send[:, :, pb : pb + 4 * H].view(torch.float32).copy_(pl.view(T, W, H).transpose(0, 1))
-        dist.all_to_all_single(recv.view(-1), send.view(-1), group=self._collective_group())
+        self._collective(dist.all_to_all_single, recv.view(-1), send.view(-1))
         rp = recv[:, :, :pb].view(self.dtype).unflatten(-1, (H, D))  # [W, T, H, D]
         rl = recv[:, :, pb : pb + 4 * H].view(torch.float32)  # [W, T, H]
         hb, bd = self._combine_args(H, D)
@@ -676,9 +685,8 @@ class OutputReducer:
 
     def _ag_rs(self, po, pl, out, out_lse, T) -> None:
         W, H, D = self.world_size, self.heads, self.head_dim
-        grp = self._collective_group()
         lses = torch.empty((W, T, W * H), dtype=torch.float32, device=self.device)
-        _AG(lses.view(-1), pl.view(-1), group=grp)
+        self._collective(_AG, lses.view(-1), pl.view(-1))
         corrected = torch.empty((W, T, H, D), dtype=torch.float32, device=self.device)
         hb, bd = self._combine_args(H, D)
         K.correct_kernel[(T, W * triton.cdiv(H, hb))](
@@ -687,7 +695,7 @@ class OutputReducer:
             GPU=on_gpu(self.device),
         )  # fmt: skip
         red = torch.empty((T, H, D), dtype=torch.float32, device=self.device)
-        _RS(red.view(-1), corrected.view(-1), group=grp)
+        self._collective(_RS, red.view(-1), corrected.view(-1))
         out.copy_(red)
 
     def _dummy(self) -> torch.Tensor:

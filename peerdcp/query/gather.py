@@ -32,7 +32,7 @@ import triton
 
 from .. import memory as _memory
 from .._checks import is_int, resolve_device, timeout_problem
-from .._dist import agree, agree_or_release, all_gather_object, resolve_group
+from .._dist import agree, agree_or_release, all_gather_object, bounded_collective, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from . import kernels as K
@@ -208,8 +208,8 @@ class QueryGather:
             ``"auto"`` (direct when peer memory is eligible on every rank, else allgather; see ``reason``).
         memory: ``"auto" | "vmm" | "symm" | "host"`` for the direct backend's exposed buffer.
         timeout_s: bound on every wait for a peer (direct backend), in seconds (0 < timeout_s <= 1e6). The
-            allgather backend (also ``auto``'s fallback) waits as torch.distributed does: a missing peer there
-            ends in the process group's own timeout and error.
+            allgather backend (also ``auto``'s fallback) bounds its all-gather by it on CPU tensors (gloo); on the
+            GPU it waits as NCCL does: a missing peer there ends in the process group's own timeout and error.
         pad_heads_to: None, 64 or 128: zero-pad the widened heads to this count (FlashMLA's sparse decode
             takes 64 or 128 heads); must be >= W * H.
         impl: kernel: direct ``"cuda"`` (csrc/query_direct.cu) or ``"triton"``; allgather ``"triton"``
@@ -934,7 +934,11 @@ class QueryGather:
         staging = self._staging[:T]
         torch.cat((q_nope, q_pe), dim=-1, out=staging)
         gathered = self._gathered[: W * T * H * D]
-        _all_gather_into(gathered, staging, self._info)
+        try:
+            _all_gather_into(gathered, staging, self._info, self.timeout_s)
+        except PeerTimeoutError as e:
+            self._failure = e
+            raise
         g = gathered.view(W, T, H, D)
         if self.impl == "torch":
             q = widened_query(
@@ -973,8 +977,9 @@ class QueryGather:
         )
 
 
-def _all_gather_into(dst: torch.Tensor, src: torch.Tensor, info) -> None:
-    """``dst [W * numel(src)]`` <- every rank's ``src`` in rank order (NCCL on GPU, gloo on CPU)."""
+def _all_gather_into(dst: torch.Tensor, src: torch.Tensor, info, timeout_s: float) -> None:
+    """``dst [W * numel(src)]`` <- every rank's ``src`` in rank order (NCCL on GPU, gloo on CPU: bounded by
+    ``timeout_s``, see :func:`~peerdcp._dist.bounded_collective`)."""
     import torch.distributed as dist
 
     group = info.group if src.is_cuda else info.cpu_group
@@ -983,10 +988,13 @@ def _all_gather_into(dst: torch.Tensor, src: torch.Tensor, info) -> None:
     # dst as W copies of src stacked along dim 0: NCCL takes any shape of the right size, gloo (also on CUDA
     # tensors: a group of ranks that share a GPU) wants each of its W chunks shaped like src
     stacked = dst.view(info.world_size * src.shape[0], *src.shape[1:]) if src.dim() else dst
+    bound = dict(group=group, timeout_s=timeout_s, rank=info.rank, mechanism="query")
     try:
-        ag(stacked, src, group=group)
+        bounded_collective(ag, stacked, src, **bound)
+    except PeerTimeoutError:
+        raise  # (a missing peer: the collective is pending, another one must not follow it)
     except (RuntimeError, NotImplementedError):
         if src.is_cuda:
             raise
         parts = list(dst.view(info.world_size, *src.shape).unbind(0))
-        dist.all_gather(parts, src.contiguous(), group=group)
+        bounded_collective(dist.all_gather, parts, src.contiguous(), **bound)

@@ -53,7 +53,7 @@ import torch.distributed as dist
 import triton
 
 from .._checks import cuda_index, is_int, resolve_device, timeout_problem
-from .._dist import agree_args, agree_or_release, all_gather_object, resolve_group
+from .._dist import agree_args, agree_or_release, all_gather_object, bounded_collective, resolve_group
 from ..errors import PeerSetupError, PeerTimeoutError
 from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from ..memory import MEMORY_KINDS, allocate, choose_memory
@@ -320,8 +320,9 @@ class TopK:
         interleave: ownership interleave I (DESIGN.md section 3); must equal the index cache's.
         timeout_s: bound on every wait of the direct exchange for a peer, in seconds (0 < timeout_s <= 1e6); past
             it the call is abandoned and ``PeerTimeoutError`` is raised by the next call or :meth:`check`. The
-            all-gather (``backend="allgather"``, and rows beyond ``max_rows`` on any backend) waits as
-            torch.distributed does: a missing peer there ends in the process group's own timeout and error.
+            all-gather (``backend="allgather"``, and rows beyond ``max_rows`` on any backend) is bounded by it on
+            CPU tensors (gloo: ``PeerTimeoutError`` at once); on the GPU it waits as NCCL does: a missing peer
+            there ends in the process group's own timeout and error.
         device: CUDA device (default: current) or ``"cpu"`` (default when ``memory="host"`` or no CUDA).
         merge_impl: merge kernel, ``"auto"`` (CUDA C++ on a GPU when it builds and fits, else Triton),
             ``"cuda"`` or ``"triton"``; both give the same ids. Local to each rank (:attr:`merge_impl`).
@@ -626,7 +627,19 @@ class TopK:
         if W == 1:
             gathered.copy_(keys)
         else:
-            _all_gather_single(gathered, keys, group=self._info.group)
+            try:
+                bounded_collective(
+                    _all_gather_single,
+                    gathered,
+                    keys,
+                    group=self._info.group,
+                    timeout_s=self.timeout_s,
+                    rank=self.rank,
+                    mechanism="topk",
+                )
+            except PeerTimeoutError as e:
+                self._error = e
+                raise
         _merge_lists(out, gathered.view(W, T, K), W, K, self.merge_impl)
 
     # ----------------------------------------------------------------------------------- public

@@ -52,6 +52,7 @@ TOPK, OUT, QH, TEST_PROPS, MEM = (
     "tests/test_memory_host.py::",
 )
 QG = "tests/test_query_gpu.py::"
+COLL = "tests/test_collective_timeout.py::"
 TOPK_SEL = (
     TOPK + "test_exact_selection_small_k",
     TOPK + "test_exact_selection_k64_w3",
@@ -399,6 +400,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if buf is not None:\n                buf.close()",
         "            if buf is not None:\n                pass",
         (MEM + "test_failure_after_the_allocation_on_one_rank_is_agreed",),
+    ),
+    Mutant(
+        "dist.collective.unbounded",
+        "peerdcp/_dist.py",
+        "work.wait(timeout=timedelta(seconds=timeout_s))",
+        "work.wait()",
+        (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-query]",),
+    ),
+    Mutant(
+        "dist.collective.any_error_is_timeout",
+        "peerdcp/_dist.py",
+        "if work.is_completed() or time.monotonic() - start < timeout_s:",
+        "if False:",
+        (COLL + "test_peer_gone_raises_torch_error_at_once",),
+    ),
+    Mutant(
+        "out.collective.no_record",
+        "peerdcp/output/reducer.py",
+        'mechanism="output")\n        except PeerTimeoutError as e:\n            self._error = e\n',
+        'mechanism="output")\n        except PeerTimeoutError as e:\n            pass\n',
+        (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-output-a2a]",),
+    ),
+    Mutant(
+        "q.collective.no_record",
+        "peerdcp/query/gather.py",
+        "self.timeout_s)\n        except PeerTimeoutError as e:\n            self._failure = e\n",
+        "self.timeout_s)\n        except PeerTimeoutError as e:\n            pass\n",
+        (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-query]",),
+    ),
+    Mutant(
+        "topk.collective.no_record",
+        S,
+        'mechanism="topk",\n                )\n            except PeerTimeoutError as e:\n'
+        "                self._error = e\n",
+        'mechanism="topk",\n                )\n            except PeerTimeoutError as e:\n                pass\n',
+        (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-topk]",),
     ),
     Mutant("sentinel.out.torn_lse", SENT, " and a & _M32 == b & _M32:", ":", ("tests/test_sentinel_protocol.py",)),
     Mutant(

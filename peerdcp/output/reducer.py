@@ -185,8 +185,9 @@ class OutputReducer:
         lse_base: ``"e"`` (natural log: FlashMLA) or ``2`` (log2: FlashInfer, trtllm).
         timeout_s: bound of every wait of the direct backend for a peer, in seconds (0 < timeout_s <= 1e6). The
             collective backends (``a2a``, ``ag_rs``, and ``auto``'s fallback to them) bound each collective by it
-            on CPU tensors (gloo); on the GPU they wait as NCCL does: a missing peer there ends in the process
-            group's own timeout and error.
+            on CPU tensors (gloo; not ``ag_rs``'s reduce-scatter, whose gloo work ignores a bound: its all-gather
+            comes first); on the GPU they wait as NCCL does: a missing peer there ends in the process group's own
+            timeout and error.
         device: CUDA device (default: current) or ``"cpu"`` (host memory, interpreter kernels).
         kernel: direct kernel: ``"auto"`` (:data:`DIRECT_KERNEL_DEFAULT` on CUDA, Triton on CPU),
             ``"cuda"`` (``csrc/output_direct.cu``; needs ``D % 8 == 0``, W <= 8) or ``"triton"``.

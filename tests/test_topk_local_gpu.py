@@ -222,6 +222,35 @@ def _poisoned_output_and_graph():
         assert torch.equal(keys.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0)), seed
 
 
+@pytest.mark.parametrize("k", [7, 2048])
+@pytest.mark.parametrize("ctas", [1, 8])
+def test_gpu_select_rows_past_the_width_and_short_tied_rows(ctas, k):
+    """Two inputs no ``CASES`` entry pins (found by a mutation audit, RESULTS session 38):
+    a row whose global length gives more local rows than the width ``L`` (a contract breach on CUDA tensors, where
+    nothing checks it: the kernel must clamp to ``L``, as the reference does, and never read the next row, whose
+    scores are made high enough to enter the top k); and a row of 1800 tied scores, fewer than n = 2048 keys but
+    more than the bucket sort takes (its fallback's -1 tail), at k = 7 too (the fallback's trim to n << count)."""
+    g = torch.Generator().manual_seed(31 + k)
+    W, r, T, L = 2, 1, 5, 5000
+    full = int(ref.global_id(L - 1, r, W, 1)) + 1
+    x = torch.randn(T, L, generator=g)
+    x[1] += 100.0  # what row 0 would read past its width
+    x[2] = fns.tie_logits(1, L, 77)[0]
+    lens = torch.tensor([full + 300 * W, full, 2 * 1800, 0, full + 1])  # row 2: 1800 local rows on rank 1
+    x[2, 1800:] = float("nan")  # garbage past its local length
+    want = _reference(x, lens, k, r, W, 1, 0, 0)
+    for radix_only in (False, True):
+        with mock.patch.dict(ops.TUNING, {"select_ctas": ctas, "select_radix_only": radix_only}):
+            got = _local_keys(x.cuda(), lens.cuda(), k, r, W, 1, 0, 0).cpu()
+        assert torch.equal(got, want), (radix_only, got[:, :6], want[:, :6])
+    out = torch.full((T, k), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
+    with mock.patch.dict(ops.TUNING, {"select_ctas": ctas}):
+        ops.select(out, x.cuda(), lens.cuda(), rank=r, world_size=W, interleave=1, force_first=0, force_last=0)
+    assert torch.equal(out.cpu(), want)  # every element written (poisoned first)
+    with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
+        assert torch.equal(_local_keys(x.cuda(), lens.cuda(), k, r, W, 1, 0, 0).cpu(), want)
+
+
 def test_gpu_select_rule_first_asked_inside_a_graph_capture():
     """The CTA-count rule's occupancy query (``ops.max_select_clusters``, cached) may first run while a CUDA graph
     is being captured: the captured selection is still exact."""

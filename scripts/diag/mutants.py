@@ -11,6 +11,14 @@ the installed editable package is not used), and the file is restored. A mutant 
     git worktree add --detach /tmp/mut HEAD
     python scripts/diag/mutants.py --tree /tmp/mut [--only NAME ...] [--json out.json]
 
+GPU mutants of ``csrc/`` need their libraries built (~1 min of nvcc each, on the device's clock): build them where
+nvcc is (no GPU needed) into a cache of their own, ship it, and unpack it into the device's ``$PEERDCP_CACHE``
+(the JIT cache is keyed by the sources' bytes, so a mutant tree finds its library there; a mutant whose build failed
+would otherwise fall back to an exact Triton path in some callers and pass):
+
+    python scripts/diag/mutants.py --tree /tmp/mut --gpu --only cuda.select --prebuild /tmp/mutcache
+    tar -C /tmp/mutcache -cJf mutlibs.tar.xz .        # ~0.25 MB per topk library
+
 Tool: plain pytest per mutant (mutmut-style tools re-run whole suites per mutant; the CPU tests spawn rank
 processes, so a targeted selection per mutant is what fits a 2-core CI machine).
 """
@@ -53,6 +61,7 @@ TOPK, OUT, QH, TEST_PROPS, MEM = (
 )
 QG = "tests/test_query_gpu.py::"
 COLL = "tests/test_collective_timeout.py::"
+SEL_NEW = "tests/test_topk_local_gpu.py::test_gpu_select_rows_past_the_width_and_short_tied_rows"
 TOPK_SEL = (
     TOPK + "test_exact_selection_small_k",
     TOPK + "test_exact_selection_k64_w3",
@@ -386,6 +395,146 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass\n",
         (MEM + "test_200_cycles_leave_nothing",),
     ),
+    # ---------------------------------------------------------------- CUDA local candidate selection (one GPU)
+    Mutant(
+        "cuda.select.key.negzero",
+        "csrc/topk_select.cu",
+        "  if ((bits & 0x7fffffffu) == 0) bits = 0;                // -0 == +0\n",
+        "",
+        ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[ties-T3-L3000-k2048-W2r1I64]",),
+        "-0 keeps score part 0x7fffffff (one below +0): only ties-T3-L3000 has the zeros inside the top n "
+        "(inf, 2, 1, 0.5, +-0 ~1900 of 3000 keys < n = 2048)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.gather.tie_id_flipped",
+        "csrc/topk_select.cu",
+        "if (v[e] == lo_f && row.id_part(row_of<VEC>(base, e)) >= lo_id) take |= 1u << e;",
+        "if (v[e] == lo_f && row.id_part(row_of<VEC>(base, e)) <= lo_id) take |= 1u << e;",
+        ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[equal-T2-L40000-k2048-W2r0I1]",),
+        "the fast gather's id tie-break reversed: only the equal row without forced tokens gathers a tied score "
+        "with lo_id != 0 (the radix select's prefix inside the id bits) on the fast path",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.gid.rank_not_interleaved",
+        "csrc/topk_select.cu",
+        "static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) * I + l % I;",
+        "static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) + l % I;",
+        (
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T3-L5000-k2048-W2r1I3]",
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[ties-T3-L3000-k2048-W2r1I64]",
+        ),
+        "gid's I > 1 branch (rank * I -> rank): every id part (and the forced windows) wrong where I > 1, rank > 0",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.radix.hist_counts_warp",
+        "csrc/topk_select.cu",
+        "if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));",
+        "if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(act));",
+        (
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T3-L131072-k2048-W1r0I1]",
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T4-L65536-k2048-W2r1I1]",
+        ),
+        "the row radix select's histogram adds the warp's matching lanes, not the bin's: the top bins are "
+        "overcounted, P lands too high, the final gather holds < n keys (-1 in the output); only the radix path "
+        "(select_radix_only=True, run for every case) reaches it",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.bucket.rank_skips_first_slot",
+        "csrc/topk_select.cu",
+        "for (int q = start[bk]; q < e; ++q) rank +=",
+        "for (int q = start[bk] + 1; q < e; ++q) rank +=",
+        (
+            "tests/test_topk_local_gpu.py::test_gpu_select_poisoned_output_and_graph[1]",
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T3-L4096-k2048-W2r0I1]",
+        ),
+        "bucket_top's rank misses the bucket's first scattered key: in buckets of >= 2 keys two keys share a rank "
+        "and one slot stays unwritten (normal rows put several keys in a bucket)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.sort.no_register_swap_32",
+        "csrc/topk_select.cu",
+        "o[r] = j >= 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);",
+        "o[r] = j > 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);",
+        (
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T2-L20000-k2048-W1r0I1]",
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[ties-T3-L3000-k2048-W2r1I64]",
+        ),
+        "sort_desc's j = 32 step becomes a shuffle with lane mask 32 (own value): each warp's run of 64 is two "
+        "sorted halves, the merges go wrong; only the bucket_top fallback (trim + sort_gathered) runs sort_desc "
+        "(400 forced +inf keys > kMaxTopBucket; ties with > 256 +inf and > 128 per value)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.funnel.offset_skips_cta0",
+        "csrc/topk_select.cu",
+        "for (int r = 0; r < c; ++r) off += sh.counts[r];",
+        "for (int r = 1; r < c; ++r) off += sh.counts[r];",
+        (
+            "tests/test_topk_local_gpu.py::test_gpu_select_poisoned_output_and_graph[8]",
+            "tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T3-L4096-k2048-W2r0I1]",
+        ),
+        "the funnel's offsets leave out CTA 0's count: CTA 1 overwrites CTA 0's keys, the tail of CTA 0's buf is "
+        "stale (C > 1 only: ctas 8 in the poisoned test, ctas 2/3/8 in the reference test's loop)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.pad.skips_first",
+        "csrc/topk_select.cu",
+        "for (int i = last + 1 + tid; i < n; i += kThreads) out[i] = -1;",
+        "for (int i = last + 2 + tid; i < n; i += kThreads) out[i] = -1;",
+        (
+            "tests/test_topk_local_gpu.py::test_gpu_select_poisoned_output_and_graph[1]",
+            "tests/test_topk_local_gpu.py::test_gpu_select_publish_equals_publish_kernel[2-0-7-5-1]",
+        ),
+        "bucket_top leaves out[count] unwritten on rows of fewer than n keys: only a poisoned output sees it "
+        "(the reference test's outputs come from torch.empty)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.forced.last_window",
+        "csrc/topk_select.cu",
+        "if (g < ff || g >= L - fl) bits = 0x7f800000u;",
+        "if (g < ff || g > L - fl) bits = 0x7f800000u;",
+        ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T5-L4097-k2048-W1r0I1]",),
+        "the last forced window one token short: token L - fl (row 0, W = 1: local row 4094) loses its +inf",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.nloc.no_lmax_clamp",
+        "csrc/topk_select.cu",
+        "const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);",
+        "const int nloc = static_cast<int>(nl);",
+        (SEL_NEW + "[1-2048]", SEL_NEW + "[8-2048]"),
+        "a row whose local share exceeds the width L (unchecked on CUDA tensors) read into the next row; no CASES "
+        "entry has one (found by reading the kernel for this round): the test added for it",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.bucket.no_overflow_guard",
+        "csrc/topk_select.cu",
+        "if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) overflow = 1;",
+        "if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) overflow = 0;",
+        ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T2-L20000-k2048-W1r0I1]",),
+        "equivalent in output: bucket_top's ranks are exact for buckets of any size (start + the bucket's larger "
+        "keys; slots < 2^16); the guard only sends big buckets to the retry / fallback for speed",
+        equivalent=True,
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.select.fallback.pad",
+        "csrc/topk_select.cu",
+        "out[i] = i < valid ? buf[i] : -1;",
+        "out[i] = i <= valid ? buf[i] : -1;",
+        (SEL_NEW + "[1-2048]",),
+        "the fallback's first -1 replaced by a stale key on rows of fewer than n keys that overflow the bucket map "
+        "(1800 tied scores): no CASES entry pins such a row (the test added for it)",
+        gpu=True,
+    ),
     Mutant(
         "dist.agree.only_self",
         "peerdcp/_dist.py",
@@ -468,8 +617,8 @@ def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, fl
 
 
 def _run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, float, str]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--timeout={timeout}", *tests]
+    env = dict(os.environ, PYTHONPATH=str(tree), COLUMNS="400")  # (the summary line keeps its message)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", f"--timeout={timeout}", *tests]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout * 2 + 60)
@@ -479,9 +628,45 @@ def _run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, f
     last = (p.stdout.strip().splitlines() or [""])[-1]
     if p.returncode == 0:
         return ("survived" if " passed" in last else "not run"), dt, last  # all skipped: says nothing
-    if p.returncode == 1:
-        return "killed", dt, last
+    if p.returncode == 1:  # (with the first failure's summary line: killed by an assertion, not by a build error)
+        failed = [ln for ln in p.stdout.splitlines() if ln.startswith("FAILED ")]
+        return "killed", dt, f"{last} | {failed[0][7:]}" if failed else last
     return f"error(rc={p.returncode})", dt, (p.stdout + p.stderr)[-400:]
+
+
+_BUILD = """
+import sys
+from peerdcp import jit
+mutated = sys.argv[1]
+for name, (sources, flags) in jit.LIBRARIES.items():
+    if mutated.endswith(".cuh") or mutated in sources:
+        print(jit._ensure_built(name, sources, jit._flags(flags)))
+"""
+
+
+def prebuild(tree: Path, todo: list[Mutant], cache: Path) -> int:
+    """Build, for every mutant of a ``csrc/`` file, the libraries that compile it (a ``.cuh``: all of them) into
+    ``cache``; exit 1 if one does not build (a mutant that does not compile says nothing)."""
+    failed = 0
+    for m in (m for m in todo if m.path.startswith("csrc/")):
+        f = tree / m.path
+        orig = f.read_text()
+        env = dict(os.environ, PYTHONPATH=str(tree), PEERDCP_CACHE=str(cache))
+        t0 = time.monotonic()
+        try:
+            f.write_text(orig.replace(m.old, m.new))
+            cmd = [sys.executable, "-c", _BUILD, Path(m.path).name]
+            p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        finally:
+            f.write_text(orig)
+        ok = p.returncode == 0
+        failed += not ok
+        print(f"{m.name:32s} {'built' if ok else 'BUILD FAILED':14s} {time.monotonic() - t0:6.0f} s", flush=True)
+        if not ok:
+            print((p.stdout + p.stderr)[-2000:])
+    for o in cache.rglob("*.o"):  # (objects: not needed to load, 10x the library's size)
+        o.unlink()
+    return 1 if failed else 0
 
 
 def main() -> int:
@@ -492,6 +677,7 @@ def main() -> int:
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--gpu", action="store_true", help="the GPU mutants (on a GPU machine) instead of the CPU ones")
+    ap.add_argument("--prebuild", type=Path, help="build the csrc mutants' libraries into this cache; run nothing")
     args = ap.parse_args()
     tree = args.tree.resolve()
     if tree == Path(__file__).resolve().parents[2]:
@@ -501,6 +687,8 @@ def main() -> int:
         n = (tree / m.path).read_text().count(m.old)
         if n != 1:
             raise SystemExit(f"{m.name}: the text to replace occurs {n} times in {m.path}")
+    if args.prebuild:
+        return prebuild(tree, todo, args.prebuild.resolve())
     if not args.no_baseline:
         sel = tuple(dict.fromkeys(t for m in todo for t in m.tests))
         status, dt, last = run_tests(tree, sel, args.timeout)
@@ -517,7 +705,7 @@ def main() -> int:
         finally:
             f.write_text(orig)
         rows.append({**asdict(m), "status": status, "seconds": round(dt, 1), "last": last})
-        print(f"{m.name:32s} {status:14s} {dt:6.0f} s  {last[:90]}", flush=True)
+        print(f"{m.name:32s} {status:14s} {dt:6.0f} s  {last[:200]}", flush=True)
     killed = sum(r["status"].startswith("killed") for r in rows)
     print(f"\n{killed} of {len(rows)} mutants killed")
     bad = []

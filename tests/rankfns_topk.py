@@ -443,10 +443,12 @@ def scoring(
     upcast: bool = False,
     npage: int = 0,
     tuning: dict | None = None,
+    lens_dtype: torch.dtype = torch.int64,
 ) -> dict:
     """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1), ``npage``
     the GPU kernel's pages per program (``TUNING["scan_npage"]``; 0 = the policy's), ``tuning`` more
-    ``cache.TUNING`` entries. ``cuda_calls``: launches of the CUDA scan (``ops.score``) the case made."""
+    ``cache.TUNING`` entries, ``lens_dtype`` the dtype of every ``seq_lens`` passed (int32 or int64).
+    ``cuda_calls``: launches of the CUDA scan (``ops.score``) the case made."""
     from unittest import mock
 
     from peerdcp.topk import cache as cache_mod
@@ -459,7 +461,7 @@ def scoring(
             mock.patch.dict(cache_mod.TUNING, {"scan_npage": npage, **(tuning or {})}),
             mock.patch.object(ops, "score", wraps=ops.score) as spy,
         ):
-            res = _scoring(H, D, P, I, seed, device)
+            res = _scoring(H, D, P, I, seed, device, lens_dtype)
             res["cuda_calls"] = spy.call_count
             return res
     finally:
@@ -469,7 +471,7 @@ def scoring(
             os.environ["PEERDCP_INDEXER_UPCAST"] = old
 
 
-def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
+def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype: torch.dtype = torch.int64) -> dict:
     """indexer_logits against the fp64 reference, owner-sharded and replicated, with MTP rows and a block
     table over two sequences; sharded scores must equal the replicated kernel's bit for bit.
 
@@ -507,7 +509,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
         npg = -(-ref.local_length(max(S), 0, W, I) // P) if c.sharded else -(-max(S) // P)
         table = c.block_table(torch.tensor([starts[s] for s in row_seq], device=dev), npg)
         out = peerdcp.topk.indexer_logits(
-            q.to(dev), w.to(dev), c, row_len.to(dev), block_table=table, max_seq_len=max(S)
+            q.to(dev), w.to(dev), c, row_len.to(dev, lens_dtype), block_table=table, max_seq_len=max(S)
         ).cpu()
         outs[lay] = out
         ok_vals, ok_mask, worst = True, True, 0.0
@@ -538,7 +540,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
     c = caches["replicated"]
     narrow = c.block_table(torch.tensor([starts[s] for s in row_seq], device=dev), 2)
     o3 = peerdcp.topk.indexer_logits(
-        q.to(dev), w.to(dev), c, row_len.to(dev), block_table=narrow, max_seq_len=max(S)
+        q.to(dev), w.to(dev), c, row_len.to(dev, lens_dtype), block_table=narrow, max_seq_len=max(S)
     ).cpu()
     cut = 2 * P
     res["narrow_table"] = (
@@ -549,7 +551,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str) -> dict:
     # default addressing (no block table, one sequence at slot 0, max_seq_len from seq_lens)
     c = caches["owner_sharded"]
     lens0 = torch.tensor([300, 298])
-    o2 = peerdcp.topk.indexer_logits(q[[2, 0]].to(dev), w[[2, 0]].to(dev), c, lens0.to(dev)).cpu()
+    o2 = peerdcp.topk.indexer_logits(q[[2, 0]].to(dev), w[[2, 0]].to(dev), c, lens0.to(dev, lens_dtype)).cpu()
     n2 = o2.shape[1]
     res["no_table"] = o2.shape[1] == ref.local_length(300, 0, W, I) and bool(
         torch.equal(o2.view(torch.int32), sh[[2, 0], :n2].view(torch.int32))

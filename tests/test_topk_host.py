@@ -154,9 +154,12 @@ def test_default_page_geometry(pools):
         assert r["fraction"] == 0.5
 
 
-@pytest.mark.parametrize("world,interleave,upcast", [(2, 1, False), (3, 64, False), (2, 64, True)])
-def test_scoring_kernel_against_reference(pools, world, interleave, upcast):
-    res = pools(world).run(fns.scoring, 16, 64, 64, interleave, 21, upcast=upcast)
+@pytest.mark.parametrize(
+    "world,interleave,upcast,lens",
+    [(2, 1, False, torch.int64), (3, 64, False, torch.int32), (2, 64, True, torch.int64)],
+)
+def test_scoring_kernel_against_reference(pools, world, interleave, upcast, lens):
+    res = pools(world).run(fns.scoring, 16, 64, 64, interleave, 21, upcast=upcast, lens_dtype=lens)
     for r in res:
         for lay in ("owner_sharded", "replicated"):
             assert r[lay]["values"] and r[lay]["mask"], r

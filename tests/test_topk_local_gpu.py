@@ -51,6 +51,34 @@ def test_gpu_scoring_pages_per_program(pools, npage):
         assert r["bitwise_vs_replicated"] and r["no_table"] and r["narrow_table"], r
 
 
+@pytest.mark.parametrize(
+    "backend,heads,npage,min_ctas,lens",
+    [
+        ("cuda", 64, 0, 1, "int64"),
+        ("cuda", 64, 0, 1, "int32"),
+        ("cuda", 20, 3, 6, "int32"),
+        ("cuda", 32, 64, 1, "int32"),
+        ("triton", 64, 0, 0, "int32"),
+    ],
+)
+def test_gpu_scan_against_reference_on_one_rank(pools, backend, heads, npage, min_ctas, lens):
+    """Both GPU scans against the fp64 reference on one GPU without peers (W = 1; the multi-rank cases of
+    tests/test_topk_gpu.py need two GPUs or ranks sharing one): rows of 0 to 300 tokens, MTP rows, a narrow and no
+    block table, ``seq_lens`` int32 as well as int64 (the CUDA scan reads either width: ``lens64``)."""
+    tune = {"scan_backend": backend}
+    if backend == "cuda":
+        tune |= {"cuda_scan_npage": npage, "cuda_scan_min_ctas": min_ctas}
+    dtype = {"int32": torch.int32, "int64": torch.int64}[lens]
+    res = pools(1, "cpu:gloo,cuda:nccl").run(
+        fns.scoring, heads, 128, 64, 1, 19, device="cuda", tuning=tune, lens_dtype=dtype
+    )
+    for r in res:
+        for lay in ("owner_sharded", "replicated"):
+            assert r[lay]["values"] and r[lay]["mask"], r
+        assert r["bitwise_vs_replicated"] and r["no_table"] and r["narrow_table"], r
+        assert r["cuda_calls"] == (4 if backend == "cuda" else 0), r
+
+
 def test_gpu_scoring_register_cap_is_bitwise_neutral(pools):
     """The 64-register cap (``TUNING["scan_maxnreg"]``, 64-head tiles only) changes no score bit: capped and
     uncapped kernels agree at 32, 64, 128 and 200 heads, 1-64 rows, 4K-128K tokens."""

@@ -12,11 +12,13 @@ import torch
 pytestmark = pytest.mark.cuda
 
 
-def _lists(W: int, T: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+def _lists(W: int, T: int, n: int, k: int, gen: torch.Generator, scores: int = 1 << 31) -> torch.Tensor:
     """``[W, T, n]`` int64: each row sorted descending, unique keys >= 0 over all lists, a -1 tail of a random
-    length per (list, row) drawn from the lengths that matter (0, 1, k - 1, k, anything)."""
+    length per (list, row) drawn from the lengths that matter (0, 1, k - 1, k, anything). ``scores``: how many
+    distinct score parts the keys draw from (3: most keys tie in score with keys of the other lists, and only
+    their id parts order them)."""
     N = W * T * n  # canonical keys (score bits << 31 | 2^31 - 1 - id) with distinct ids: unique, every id once
-    keys = (torch.randint(0, 1 << 31, (N,), generator=gen) << 31) | torch.randperm(N, generator=gen)
+    keys = (torch.randint(0, scores, (N,), generator=gen) << 31) | torch.randperm(N, generator=gen)
     keys = keys.view(W, T, n).sort(dim=2, descending=True).values
     choices = torch.tensor([0, 1, max(k - 1, 0), k, n])
     lens = torch.where(
@@ -47,8 +49,9 @@ def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
     # also opts the kernel in to the device's shared memory; every sm_90 GPU holds W = 8 lists of k = 2048
     assert ops.max_keys(dev.index) >= 8 * 2048
     gen = torch.Generator().manual_seed(1000 * W + k)
-    for T in (1, 5, 70, 300):  # the rule: place-all at T = 1 (every W and k), the cut-off mode at T = 300
-        lists = _lists(W, T, k, k, gen)
+    # the rule: place-all at T = 1 (every W and k), the cut-off mode at T = 300; both also with 3 distinct scores
+    for T, scores in ((1, 1 << 31), (5, 1 << 31), (70, 1 << 31), (300, 1 << 31), (1, 3), (300, 3)):
+        lists = _lists(W, T, k, k, gen, scores)
         expect = _expect(lists, k)
         tunings = [{}]  # the rule
         tunings += [{"cuda_merge_ctas_per_row": c} for c in (1, 2, 3, 4, 8)]  # cut-off mode
@@ -62,4 +65,4 @@ def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
                     assert ops.grid(T, W, k, dev.index)[1] == (T == 1), (W, k, T)
                 _merge_lists(out, lists.to(dev), W, k, "cuda")
             torch.cuda.synchronize()
-            assert torch.equal(out.cpu(), expect), (W, k, T, tuning)
+            assert torch.equal(out.cpu(), expect), (W, k, T, scores, tuning)

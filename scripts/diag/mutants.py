@@ -89,6 +89,11 @@ O = "peerdcp/output/kernels.py"
 Q = "peerdcp/query/kernels.py"
 KS = "peerdcp/kernel_support.py"
 SENT = "peerdcp/output/sentinel.py"
+MRG = "csrc/topk_merge.cu"
+SC = "csrc/topk_score.cu"
+MT = "tests/test_topk_merge_gpu.py::test_cuda_merge_matches_topk_for_every_cta_count"
+ONE = "tests/test_topk_local_gpu.py::test_gpu_scan_against_reference_on_one_rank"
+TG = "tests/test_topk_gpu.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- Top-K: keys, force, merge, owned, cache
@@ -596,6 +601,121 @@ MUTANTS: tuple[Mutant, ...] = (
         "equivalent under the format's premise (32-bit words are single-copy atomic, so a word is either at rest, "
         "0xFFFFFFFF, or fully written with no 0xFFFF half): one half decides",
         equivalent=True,
+    ),
+    # ---------------------------------------------------------------- CUDA merge and scan (one GPU; session 39)
+    Mutant(
+        "cuda.merge.cutoff.lo_overshoots",
+        MRG,
+        "lo_sh[my] = h == 0 ? lo : lo + (h - 1) * step + 1;",
+        "lo_sh[my] = h == 0 ? lo : lo + h * step;",
+        (MT + "[2048-2]", MT + "[64-8]"),
+        "the cut-off search's lower bound jumps past the last true probe: c_a overshoots by up to step - 1 "
+        "(step > 1 once a list's interval is wider than kThreads / W lanes), keys of rank >= K are placed",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.merge.place_all.no_rank_bound",
+        MRG,
+        "if (pos < K) out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));",
+        "out[pos] = static_cast<int32_t>(2147483647 - (x & 2147483647));",
+        (MT + "[64-2]", MT + "[2048-8]"),
+        "place-all writes keys of rank >= K past the row (into the next row's positions)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.merge.place_all.no_tail",
+        MRG,
+        "for (int i = (N < K ? N : K) + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;",
+        "for (int i = (N < K ? N : K) + s * kThreads + tid; i < K; i += S * kThreads) {}",
+        (MT + "[7-2]", MT + "[2048-1]"),
+        "place-all leaves the positions no key reaches unwritten (the poisoned 12345 shows where lists are short)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.merge.valid.counts_tail",
+        MRG,
+        "const int n = peerdcp::count_greater(sh + tid * K, K, -1);",
+        "const int n = peerdcp::count_greater(sh + tid * K, K, -2);",
+        (MT + "[7-2]", MT + "[2048-3]"),
+        "the -1 tail counts as valid keys: short lists place -1 keys as id 0 where the output must be -1",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.merge.direct.reads_other_slot",
+        MRG,
+        "src = a.lists + slot * a.slot_stride + b * a.list_stride + t * a.row_stride;",
+        "src = a.lists + (a.direct ? slot ^ 1 : slot) * a.slot_stride + b * a.list_stride + t * a.row_stride;",
+        (TG + "test_gpu_exact_selection_small_k[vmm-cuda]", TG + "test_gpu_back_to_back_without_barrier[vmm-cuda]"),
+        "direct mode stages the peers' lists from the other parity slot (the previous call's candidates); the flag "
+        "wait is unchanged, so only the values show it (multi-rank tests: PEERDCP_SHARED_GPU=1 on one GPU)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.lens_always_int64",
+        SC,
+        "const int64_t L = p.lens64 ? static_cast<const int64_t*>(p.seq_lens)[t] : "
+        "static_cast<const int32_t*>(p.seq_lens)[t];",
+        "const int64_t L = static_cast<const int64_t*>(p.seq_lens)[t];",
+        (ONE + "[cuda-64-0-1-int32]", ONE + "[cuda-20-3-6-int32]"),
+        "int32 seq_lens read as int64 (two lengths fused; past the tensor at the last row): until session 39 no test "
+        "passed int32 lengths to the CUDA scan",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.mask_one_past",
+        SC,
+        "if (l < Lmax) orow[r] = l < nloc ?",
+        "if (l < Lmax) orow[r] = l <= nloc ?",
+        (ONE + "[cuda-64-0-1-int64]",),
+        "local row nloc (the first past the row's end) gets a score instead of -inf",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.page_of.table_width_ignored",
+        SC,
+        "const bool live = (p.table == nullptr || j < p.table_cols) && j < npg_row;",
+        "const bool live = j < npg_row;",
+        (ONE + "[cuda-64-0-1-int64]",),
+        "pages past a narrow block table count as live (entry -1 clamps to page 0): scores where -inf is due",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.relu_missing_odd_heads",
+        SC,
+        "s0 += fmaxf(d[4 * k], 0.f) * wk.x + fmaxf(d[4 * k + 1], 0.f) * wk.y;",
+        "s0 += fmaxf(d[4 * k], 0.f) * wk.x + d[4 * k + 1] * wk.y;",
+        (ONE + "[cuda-64-0-1-int64]",),
+        "the ReLU dropped for the odd heads of the thread's first row (r0)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.sharded_uses_global_length",
+        SC,
+        "const int64_t nloc = p.sharded ? peerdcp::local_length(L, p.rank, p.W, p.I) : L;",
+        "const int64_t nloc = L;",
+        (ONE + "[cuda-64-0-1-int64]", TG + "test_gpu_cuda_scan_against_reference[64-1-0-1]"),
+        "owner-sharded rows take the global length as their local one: equal at W = 1 (the one-rank test cannot see "
+        "it); the multi-rank test (PEERDCP_SHARED_GPU=1) must",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.entry0_ignores_table",
+        SC,
+        "const int64_t entry0 = p.table == nullptr ? j0 : (j0 < p.table_cols ? p.table[t * p.table_stride + j0] : -1);",
+        "const int64_t entry0 = j0;",
+        (ONE + "[cuda-64-0-1-int64]",),
+        "each CTA's first page (prefetched before the page numbers are shared) read from physical page j0, not the "
+        "table's: rows of the second sequence score the first sequence's keys there",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.score.dead_page_not_masked",
+        SC,
+        "if (tid < kPage && j * kPage + tid < p.Lmax) orow[tid] = -__int_as_float(0x7f800000);",
+        "if (tid < kPage && j * kPage + tid < p.Lmax) orow[tid] = 0.f;",
+        (ONE + "[cuda-64-0-1-int64]",),
+        "pages past the row's end score 0 instead of -inf",
+        gpu=True,
     ),
 )
 

@@ -178,6 +178,11 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
         device=dev,
         specials=case.get("specials", False),
     )
+    if case.get("oob"):  # positions outside the table (GPU only: CPU positions are checked, these raise there):
+        # every kernel clamps them into the table, as the reference does
+        n = cs.shape[0]
+        pos = pos.clone()
+        pos[0], pos[Tc // 2], pos[-1] = -7, n, n + 100_000
     if case.get("pos32"):
         pos = pos.to(torch.int32)
     r32, r64 = references(nopes, pes, pos, cs, style=style, out_dtype=out_dtype, scale=scale, pad=pad)

@@ -26,6 +26,9 @@ PAD = 64 if GPU_WORLD * PH < 64 else 128
 GPU_CASES = {
     "fp8-interleaved-T1-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=1, H=32),
     "fp8-interleaved-T256-H32": dict(style="interleaved", out=FP8, table="deepseek-v3.2", T=256, H=32),
+    # positions outside the table (-7, max_pos, max_pos + 100000; int32 and int64): clamped into it
+    "fp8-interleaved-T9-H8-oob": dict(style="interleaved", out=FP8, T=9, H=8, oob=True),
+    "bf16-neox-T6-H8-oob-pos32": dict(style="neox", out=BF16, T=6, H=8, oob=True, pos32=True),
     f"fp8-neox-scale-T37-H{PH}-pad{PAD}": dict(style="neox", out=FP8, scale=0.5, pad=PAD, T=37, H=PH, pos32=True),
     f"bf16-interleaved-T64-H{PH}-pad{PAD}": dict(style="interleaved", out=BF16, table="kimi-k2", T=64, H=PH, pad=PAD),
     "bf16-neox-T5-H64": dict(style="neox", out=BF16, T=5, H=64),

@@ -94,6 +94,9 @@ SC = "csrc/topk_score.cu"
 MT = "tests/test_topk_merge_gpu.py::test_cuda_merge_matches_topk_for_every_cta_count"
 ONE = "tests/test_topk_local_gpu.py::test_gpu_scan_against_reference_on_one_rank"
 TG = "tests/test_topk_gpu.py::"
+OD = "csrc/output_direct.cu"
+QD = "csrc/query_direct.cu"
+OG = "tests/test_output_gpu.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- Top-K: keys, force, merge, owned, cache
@@ -715,6 +718,90 @@ MUTANTS: tuple[Mutant, ...] = (
         "if (tid < kPage && j * kPage + tid < p.Lmax) orow[tid] = 0.f;",
         (ONE + "[cuda-64-0-1-int64]",),
         "pages past the row's end score 0 instead of -inf",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.output.plain.no_payload_to_rank0",
+        OD,
+        "        if (pr.d[k] >= 0) {\n",
+        "        if (pr.d[k] > 0) {\n",
+        (OG + "test_direct_agrees_with_reference[cuda_plain-vmm]",),
+        "the plain kernel never stores payload into rank 0's inbox: rank 0 combines stale rows",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.output.plain.own_lse_of_rank0",
+        OD,
+        "own_l[k] = __ldg(p.partial_lse + int64_t(item_t[k]) * W * H + rank * H + item_h[k]);",
+        "own_l[k] = __ldg(p.partial_lse + int64_t(item_t[k]) * W * H + item_h[k]);",
+        (OG + "test_direct_agrees_with_reference[cuda_plain-vmm]",),
+        "the plain kernel weighs its own slice with rank 0's LSE (wrong on every rank > 0)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.output.plain.publish_slot_fixed",
+        OD,
+        "const int64_t my_row0 = int64_t(slot * W + rank) * p.max_tokens;",
+        "const int64_t my_row0 = int64_t(rank) * p.max_tokens;",
+        (OG + "test_direct_agrees_with_reference[cuda_plain-vmm]",),
+        "the plain kernel publishes into parity slot 0 at every call while the combine reads slot e & 1: every "
+        "second call reads the slot of two calls ago",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.raw.prefetched_chunk_dropped",
+        QD,
+        "      if (tid + k * kThreads < n_raw) *reinterpret_cast<uint4*>(my_slot + pre_off[k]) = pre[k];",
+        "      if (false) *reinterpret_cast<uint4*>(my_slot + pre_off[k]) = pre[k];",
+        (QG + "test_gpu_each_path_T256_H32[cuda-raw]",),
+        "raw publish drops the chunk it loaded before the epoch was known: peers read stale bf16 rows",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.units.block_drops_last_unit",
+        QD,
+        "const int u1 = min(u0 + a.upp, n_units);",
+        "const int u1 = min(u0 + a.upp - 1, n_units);",
+        (QG + "test_gpu_each_path_T256_H32[cuda-roped]",),
+        "each block leaves its last unit (token, head) unwritten on every rank (the poisoned output shows it)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.ll.consumer_skipped_at_w2",
+        QD,
+        "if (W > 1) copy_rows_ll(a, u0, u1, par, pub.f, osize);",
+        "if (W > 2) copy_rows_ll(a, u0, u1, par, pub.f, osize);",
+        (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
+        "the LL consumer never copies the peers' rows at W = 2 (the matrix forces LL for its push path)",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.push.copies_from_peer_slots",
+        QD,
+        "copy_rows<MODE == kPush>(a, u0, u1, slot, ok_sh, osize);",
+        "copy_rows<false>(a, u0, u1, slot, ok_sh, osize);",
+        (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
+        "the fenced push's consumer reads the peers' slots (the roped exchange's source) instead of the rows the "
+        "peers stored into its own slot",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.pos.high_not_clamped",
+        "csrc/query_common.cuh",
+        "pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);",
+        "pp = pp < 0 ? 0 : pp;",
+        (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
+        "positions >= max_pos read past the cos/sin table (staged rows: every CUDA path on H200): only the oob "
+        "cases (session 39) send such positions",
+        gpu=True,
+    ),
+    Mutant(
+        "cuda.query.pos.low_not_clamped",
+        "csrc/query_common.cuh",
+        "pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);",
+        "pp = pp >= a.max_pos ? a.max_pos - 1 : pp;",
+        (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
+        "negative positions read before the cos/sin table: only the oob cases (session 39) send them",
         gpu=True,
     ),
 )

@@ -804,6 +804,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "negative positions read before the cos/sin table: only the oob cases (session 39) send them",
         gpu=True,
     ),
+    Mutant(
+        "cuda.query.pos.unstaged_not_clamped",
+        "csrc/query_common.cuh",
+        "p = p < 0 ? 0 : (p >= a.max_pos ? a.max_pos - 1 : p);",
+        "p = p < 0 ? 0 : p;",
+        (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
+        "the unstaged cos/sin read (rope_dim > 256, or a block spanning > 8 tokens) without the high clamp: only the "
+        "rope512-oob case reaches it",
+        gpu=True,
+    ),
 )
 
 

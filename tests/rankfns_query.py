@@ -757,3 +757,25 @@ def subnormal_pe() -> dict:
             q = qg.gather(nopes[me], pes[me], pos, cs)
         res[f"{backend} {ex}"] = int((q.view(torch.int16) != ref.view(torch.int16)).sum())
     return res
+
+
+def mismatch_map(case: dict, impl: str, exchange: str, memory: str = "vmm") -> dict:
+    """Diagnosis (scripts/diag/query_mismatch.py): one path of a matrix case against the fp32 reference, and where
+    its bytes differ - per token, widened head and part (nope / rope) - with the first few (got, expected) codes;
+    ``poison`` counts elements still at the poison pattern (never written)."""
+    T, nopes, pes, pos, cs, r32, _, common = case_setup(case, 2000 + case.get("T", 5))
+    me = dist.get_rank()
+    with QueryGather(backend="direct", memory=memory, exchange=exchange, impl=impl, **common) as qg:
+        out = qg.gather(nopes[me], pes[me], pos, cs, out=poisoned(qg, T)).cpu()
+        nope = qg.nope_dim
+    bits = torch.uint8 if case["out"] == FP8 else torch.int16
+    got, exp = out.view(bits), r32.view(bits)
+    bad = (got != exp).nonzero().tolist()
+    where: dict = {}
+    for t, hw, c in bad:
+        key = f"t{t} h{hw} {'nope' if c < nope else 'rope'}"
+        where[key] = where.get(key, 0) + 1
+    poison = int((got == (-1 if bits == torch.int16 else 0xFF)).sum())
+    sample = [(t, hw, c, int(got[t, hw, c]), int(exp[t, hw, c])) for t, hw, c in bad[:6]]
+    return {"bad": len(bad), "of": got.numel(), "poison": poison, "where": dict(list(where.items())[:24]),
+            "sample": sample, "pos": pos.cpu().tolist()}  # fmt: skip

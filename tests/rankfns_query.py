@@ -768,14 +768,13 @@ def mismatch_map(case: dict, impl: str, exchange: str, memory: str = "vmm") -> d
     with QueryGather(backend="direct", memory=memory, exchange=exchange, impl=impl, **common) as qg:
         out = qg.gather(nopes[me], pes[me], pos, cs, out=poisoned(qg, T)).cpu()
         nope = qg.nope_dim
+        bits = torch.uint8 if case["out"] == FP8 else torch.int16
         slot_bad = -1  # roped: this rank's finished rows in its own parity slot (call 1: slot 1), as the producer
         if exchange == "roped":  # stored them, against its own rows of the reference
             H, D = qg.heads_per_rank, qg.head_dim
             rows = qg._buf.view(me, (T, H, D), out.dtype, qg._data_off + qg._slot_bytes).cpu()
             mine = r32[:, me * H : (me + 1) * H]
-            b = torch.uint8 if case["out"] == FP8 else torch.int16
-            slot_bad = int((rows.view(b) != mine.view(b)).sum())
-    bits = torch.uint8 if case["out"] == FP8 else torch.int16
+            slot_bad = int((rows.view(bits) != mine.view(bits)).sum())
     got, exp = out.view(bits), r32.view(bits)
     bad = (got != exp).nonzero().tolist()
     where: dict = {}

@@ -229,15 +229,14 @@ def _rows_compute(
 
 
 @triton.jit
-def _slot_pointer(peer_ptrs, r, data_off, slot, slot_bytes):
-    """Rank ``r``'s parity / Z slot as an int8 pointer, declared 16-byte aligned (it is: the allocation is page
-    aligned, ``data_off`` and ``slot_bytes`` are multiples of 256). Why the hint is needed, not only allowed:
-    Triton 3.6 on sm_90 stored an FP8 row's RoPE part (a uint8 tile built by ``tl.join`` / ``tl.reshape`` in
-    :func:`_rows_compute`) wrongly through a pointer of unknown alignment - bytes 0-1 of every 4 lost with
-    rope_dim >= 128 (session 39, ``scripts/diag/query_mismatch.py``) - while the same values stored through the
-    16-byte aligned ``out`` were right; with the hint both stores take the vectorized path."""
-    ptr = peer_pointer(peer_ptrs, r, tl.int8) + data_off + slot * slot_bytes.to(tl.int64)
-    return tl.multiple_of(ptr, 16)
+def _slot_pointer(base, data_off, slot, slot_bytes):
+    """The parity / Z slot of the rank whose int8 base address is ``base``, declared 16-byte aligned (it is: the
+    allocation is page aligned, ``data_off`` and ``slot_bytes`` are multiples of 256). Why the hint is needed, not
+    only allowed: Triton 3.6 on sm_90 stored an FP8 row's RoPE part (a uint8 tile built by ``tl.join`` /
+    ``tl.reshape`` in :func:`_rows_compute`) wrongly through a pointer of unknown alignment - bytes 0-1 of every 4
+    lost with rope_dim >= 128 (session 39, ``scripts/diag/query_mismatch.py``) - while the same values stored
+    through the 16-byte aligned ``out`` were right; with the hint both stores take the vectorized path."""
+    return tl.multiple_of(base + data_off + slot * slot_bytes.to(tl.int64), 16)
 
 
 @triton.jit
@@ -428,7 +427,7 @@ def direct_kernel(
             slot = par
         me = peer_pointer(peer_ptrs, rank, tl.int8)
         my_flags = me.to(tl.pointer_type(tl.int64))
-        my_slot = _slot_pointer(peer_ptrs, rank, data_off, slot, slot_bytes)
+        my_slot = _slot_pointer(me, data_off, slot, slot_bytes)
         # elements: the raw slot's pe part follows its nope part (int64: max_tokens * H * NOPE passes 2^31 from 65536
         # tokens of 64 x 512, and an int32 product wrapped the pe rows onto the nope rows)
         pe_region = tl.cast(max_tokens, tl.int64) * (H * NOPE)
@@ -493,7 +492,7 @@ def direct_kernel(
                 else:
                     for i in range(1, W):
                         d = (rank + i) % W
-                        dst = _slot_pointer(peer_ptrs, d, data_off, slot, slot_bytes)
+                        dst = _slot_pointer(peer_pointer(peer_ptrs, d, tl.int8), data_off, slot, slot_bytes)
                         _rows_store(dst.to(out.dtype), rank * region + (t * H + h) * D, m, nb, pb, NOPE, ROPE, NB)
                 _rows_store(ob, (t * HOUT + rank * H + h) * D, m, nb, pb, NOPE, ROPE, NB)
                 k += BU
@@ -571,7 +570,7 @@ def direct_kernel(
         for i in range(1, W):
             s = (rank + i) % W
             ok = ((okmask >> s) & 1) == 1
-            src = _slot_pointer(peer_ptrs, s, data_off, slot, slot_bytes)
+            src = _slot_pointer(peer_pointer(peer_ptrs, s, tl.int8), data_off, slot, slot_bytes)
             if (MODE == _ROPED) | (MODE == _PUSH):
                 ob = out
                 if MODE == _PUSH:

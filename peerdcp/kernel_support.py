@@ -144,8 +144,10 @@ def grid_dependency_sync(PDL: tl.constexpr):
 
 @triton.jit
 def peer_pointer(table, r, ELEM: tl.constexpr):
-    """Rank ``r``'s base address from an int64 pointer table, as a pointer to ``ELEM``."""
-    return tl.load(table + r).to(tl.pointer_type(ELEM))
+    """Rank ``r``'s base address from an int64 pointer table, as a pointer to ``ELEM``, declared 16-byte aligned
+    (``PeerBuffer`` checks it). A loaded address is of unknown alignment to the compiler otherwise, and Triton
+    3.6 on sm_90 has stored byte tiles wrongly through such pointers (see the Query kernels' ``_slot_pointer``)."""
+    return tl.multiple_of(tl.load(table + r).to(tl.pointer_type(ELEM)), 16)
 
 
 @triton.jit

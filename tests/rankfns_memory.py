@@ -9,6 +9,7 @@ import torch
 
 import peerdcp
 from peerdcp.errors import PeerSetupError, PeerTimeoutError
+from peerdcp.memory.buffer import PEER_ALIGN
 from peerdcp.memory.selftest import expected_pattern, roundtrip, roundtrip_nbytes
 
 
@@ -21,6 +22,7 @@ def write_read_all(nbytes: int, memory: str = "host", device: str = "cpu") -> di
     try:
         assert buf.memory == memory and buf.nbytes == nbytes and buf.local.numel() == nbytes
         assert buf.peer_ptrs.dtype == torch.int64 and buf.peer_ptrs.shape == (W,)
+        assert buf.peer_ptrs.tolist() == buf.peer_addrs and all(a % PEER_ALIGN == 0 for a in buf.peer_addrs)
         zero_ok = bool((buf.local == 0).all())
         dist.barrier()  # peers may only write once everyone has looked at its fresh buffer
         # every rank writes a distinct pattern into its slot of every peer

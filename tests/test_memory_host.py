@@ -218,3 +218,20 @@ def test_failure_after_the_allocation_on_one_rank_is_agreed(pools, cls, backend,
         assert r["after"]["maps"] == r["before"]["maps"], res
     assert "cause MemoryError" in res[1]["outcome"] or expect != "PeerSetupError", res
     assert glob.glob("/dev/shm/peerdcp-*") == []
+
+
+def test_misaligned_peer_addresses_are_a_setup_error():
+    """The Triton kernels declare every peer base 16-byte aligned (``kernel_support.peer_pointer``): a buffer whose
+    addresses are not is refused at construction, and its mapping torn down."""
+    import torch
+
+    from peerdcp._dist import GroupInfo
+    from peerdcp.errors import PeerSetupError
+    from peerdcp.memory.buffer import PEER_ALIGN, PeerBuffer
+
+    released = []
+    info = GroupInfo(group=None, cpu_group=None, rank=0, world_size=2, global_ranks=(0, 1))
+    with pytest.raises(PeerSetupError, match="aligned"):
+        PeerBuffer(info=info, memory="host", nbytes=64, device=torch.device("cpu"), peer_bytes=[],
+                   peer_addrs=[0x10000, 0x20000 + PEER_ALIGN // 2], teardown=lambda: released.append(1))  # fmt: skip
+    assert released == [1]

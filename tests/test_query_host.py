@@ -1,7 +1,8 @@
 """QueryGather on CPU: real rank processes over host shared memory, the Triton kernels in the interpreter.
 
 Direct (raw, roped, push, zero-copy) and allgather (fused Triton, plain torch) must give the same bytes as the
-fp32 reference, and stay within one output step of the fp64 math (>= 99.9 % identical)."""
+fp32 reference, and lie within the rounding contract's bound of the fp64 math (``widened_query_bounds``;
+>= 99.9 % identical to it)."""
 
 from __future__ import annotations
 

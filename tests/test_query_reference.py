@@ -101,22 +101,25 @@ def test_fp8_saturates_and_rounds_to_nearest_even():
         R.convert_out(torch.tensor([1.0]), torch.float16)
 
 
-def _steps(a, b):
-    def ordered(x):
-        if x.dtype == torch.float8_e4m3fn:
-            u = x.view(torch.uint8).to(torch.int32)
-            return torch.where(u & 0x80 != 0, -(u & 0x7F), u & 0x7F)
-        u = x.view(torch.int16).to(torch.int32) & 0xFFFF
-        return torch.where(u & 0x8000 != 0, -(u & 0x7FFF), u & 0x7FFF)
+def _ordered(x):
+    """Output values as integers one apart per representable step (+0 and -0 both 0)."""
+    if x.dtype == torch.float8_e4m3fn:
+        u = x.view(torch.uint8).to(torch.int32)
+        return torch.where(u & 0x80 != 0, -(u & 0x7F), u & 0x7F)
+    u = x.view(torch.int16).to(torch.int32) & 0xFFFF
+    return torch.where(u & 0x8000 != 0, -(u & 0x7FFF), u & 0x7FFF)
 
-    return (ordered(a) - ordered(b)).abs()
+
+def _outside(q, lo, hi):
+    o = _ordered(q)
+    return (o < _ordered(lo)) | (o > _ordered(hi))
 
 
 @pytest.mark.parametrize(
     "out_dtype,scale", [(torch.float8_e4m3fn, 1.0), (torch.float8_e4m3fn, 0.37), (torch.bfloat16, 1.0)]
 )
 @pytest.mark.parametrize("style", R.ROPE_STYLES)
-def test_widened_layout_and_fp32_within_one_step_of_fp64(style, out_dtype, scale):
+def test_widened_layout_and_fp32_within_the_fp64_bound(style, out_dtype, scale):
     torch.manual_seed(1)
     W, T, H = 3, 7, 4
     cs = rope.cos_sin_cache("deepseek-v3.2")
@@ -126,7 +129,8 @@ def test_widened_layout_and_fp32_within_one_step_of_fp64(style, out_dtype, scale
     kw = dict(rope_style=style, out_dtype=out_dtype, quant_scale=scale, pad_heads_to=64)
     q32 = R.widened_query(nopes, pes, pos, cs, **kw)
     q64 = R.widened_query(nopes, pes, pos, cs, compute_dtype=torch.float64, **kw)
-    assert q32.shape == (T, 64, 576) and q32.dtype == out_dtype
+    lo, hi = R.widened_query_bounds(nopes, pes, pos, cs, **kw)
+    assert q32.shape == lo.shape == hi.shape == (T, 64, 576) and q32.dtype == lo.dtype == out_dtype
     assert q32[:, W * H :].float().eq(0).all()
     # rank-major widened heads, nope first (the nope part is just converted)
     for s in range(W):
@@ -134,8 +138,67 @@ def test_widened_layout_and_fp32_within_one_step_of_fp64(style, out_dtype, scale
         assert torch.equal(q32[:, s * H : (s + 1) * H, :512].float(), want.float())
         roped = R.apply_rope(pes[s], cs[pos].unsqueeze(1), style)
         assert torch.equal(q32[:, s * H : (s + 1) * H, 512:].float(), R.convert_out(roped, out_dtype, scale).float())
-    d = _steps(q32, q64)
-    assert int(d.max()) <= 1 and float((d == 0).float().mean()) >= 0.999
+    assert not _outside(q32, lo, hi).any()
+    assert float((_ordered(q32) == _ordered(q64)).float().mean()) >= 0.999
     k = R.rope_quantize_kv(nopes[0][:, 0], pes[0][:, 0], pos, cs, rope_style=style, out_dtype=out_dtype)
     k_ref = R.widened_query([nopes[0][:, :1]], [pes[0][:, :1]], pos, cs, rope_style=style, out_dtype=out_dtype)
     assert k.shape == (T, 576) and torch.equal(k.float(), k_ref[:, 0].float())
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+@pytest.mark.parametrize("style", R.ROPE_STYLES)
+def test_fp64_bound_holds_under_cancellation_and_catches_a_wrong_step(style, out_dtype):
+    """Pairs chosen so x0*c - x1*s (and x0*s + x1*c) nearly cancel: the fp32 result then lies many output steps
+    from the fp64 value (no fixed step count bounds it) yet inside ``widened_query_bounds``, whose interval is
+    still a single value almost everywhere - so a result one step off where the interval is one value fails."""
+    torch.manual_seed(3)
+    T, H, d = 16, 8, 64
+    cs = rope.plain_cos_sin_cache(4096, d)
+    pos = torch.randint(1, 4096, (T,))
+    c, s = cs[pos, : d // 2][:, None], cs[pos, d // 2 :][:, None]  # [T, 1, d/2]
+    x0 = torch.randn(T, H, d // 2).bfloat16().float()
+    x1 = torch.where(torch.rand(T, H, d // 2) < 0.5, x0 * c / s, -x0 * s / c)  # y0 or y1 near 0
+    pe = torch.empty(T, H, d)
+    if style == "interleaved":
+        pe[..., 0::2], pe[..., 1::2] = x0, x1
+    else:
+        pe[..., : d // 2], pe[..., d // 2 :] = x0, x1
+    pes, nopes = [pe.bfloat16()], [torch.randn(T, H, 512).bfloat16()]
+    kw = dict(rope_style=style, out_dtype=out_dtype)
+    q32 = R.widened_query(nopes, pes, pos, cs, **kw)
+    q64 = R.widened_query(nopes, pes, pos, cs, compute_dtype=torch.float64, **kw)
+    lo, hi = R.widened_query_bounds(nopes, pes, pos, cs, **kw)
+    far = (_ordered(q32) - _ordered(q64)).abs()
+    if out_dtype == torch.bfloat16:  # FP8's 3-bit mantissa and 2^-9 floor absorb the fp32 error
+        assert int(far.max()) > 1
+    assert not _outside(q32, lo, hi).any()
+    width = _ordered(hi) - _ordered(lo)
+    assert (width >= 0).all() and float((width == 0).float().mean()) >= 0.9
+    # one element one step off, where the bound is a single value: caught
+    t, h, e = (int(i[0]) for i in torch.nonzero((width == 0) & (_ordered(q32) > 0), as_tuple=True))
+    bad = q32.clone()
+    bits = bad.view(torch.uint8 if out_dtype == torch.float8_e4m3fn else torch.int16)
+    bits[t, h, e] += 1
+    assert int(_outside(bad, lo, hi).sum()) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fp64_bound_holds_over_magnitudes_tables_and_scales(seed):
+    """The fp32 contract inside the bound for inputs from 1e-3 to 300 (with saturation and +-inf), both
+    styles, both output dtypes, FP8 scales 1, 0.37 and 2, and the YaRN tables."""
+    g = torch.Generator().manual_seed(seed)
+    cs = rope.cos_sin_cache(("deepseek-v3.2", "kimi-k2")[seed % 2])
+    mag = (1e-3, 1.0, 300.0)[seed % 3]
+    pos = torch.randint(0, cs.shape[0], (9,), generator=g)
+    nopes = [(torch.randn(9, 4, 64, generator=g) * mag).bfloat16() for _ in range(2)]
+    pes = [(torch.randn(9, 4, 64, generator=g) * mag).bfloat16() for _ in range(2)]
+    nopes[0].view(-1)[:3] = torch.tensor([float("inf"), float("-inf"), 1e30])
+    pes[1].view(-1)[:3] = torch.tensor([1e30, -1e30, 3e5])
+    for style in R.ROPE_STYLES:
+        for out_dtype, scale in ((torch.bfloat16, 1.0), (torch.float8_e4m3fn, 1.0), (torch.float8_e4m3fn, 0.37),
+                                 (torch.float8_e4m3fn, 2.0)):  # fmt: skip
+            kw = dict(rope_style=style, out_dtype=out_dtype, quant_scale=scale)
+            q32 = R.widened_query(nopes, pes, pos, cs, **kw)
+            lo, hi = R.widened_query_bounds(nopes, pes, pos, cs, **kw)
+            assert not _outside(q32, lo, hi).any(), (style, out_dtype, scale)
+            assert float((_ordered(hi) == _ordered(lo)).float().mean()) >= 0.99, (style, out_dtype, scale)

@@ -14,7 +14,9 @@ import torch
 from .._dist import GroupInfo, agree, agree_args
 from ..errors import PeerDCPError, PeerSetupError
 
-__all__ = ["PeerBuffer"]
+__all__ = ["PEER_ALIGN", "PeerBuffer"]
+
+PEER_ALIGN = 16  # bytes; every mapping is page (host) or granularity (vmm, symm) aligned, far beyond this
 
 
 class PeerBuffer:
@@ -26,7 +28,8 @@ class PeerBuffer:
         nbytes: requested bytes per rank (the mapping may be larger, rounded to the granularity).
         device: ``torch.device`` of the tensors (``cpu`` for host memory).
         local: ``uint8 [nbytes]`` tensor of this rank's bytes.
-        peer_ptrs: ``int64 [W]`` tensor on ``device``: base address of rank r's bytes *in this process*.
+        peer_ptrs: ``int64 [W]`` tensor on ``device``: base address of rank r's bytes *in this process*, each
+            16-byte aligned (checked here: the Triton kernels declare it to the compiler, ``peer_pointer``).
     """
 
     def __init__(
@@ -48,6 +51,9 @@ class PeerBuffer:
         self.device = device
         self._peer_bytes = list(peer_bytes)
         self._peer_addrs = [int(a) for a in peer_addrs]
+        if any(a % PEER_ALIGN for a in self._peer_addrs):
+            teardown()
+            raise PeerSetupError(f"peer base addresses must be {PEER_ALIGN}-byte aligned, got {self._peer_addrs}")
         self.peer_ptrs = torch.tensor(self._peer_addrs, dtype=torch.int64, device=device)
         self._teardown: Callable[[], None] | None = teardown
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from . import reference, rope
 from .gather import AUTO_PUSH_RAW_MAX_TOKENS, AUTO_RAW_MAX_TOKENS, BACKENDS, EXCHANGES, IMPLS, QueryGather
-from .reference import apply_rope, quantize_fp8, rope_quantize_kv, widened_query
+from .reference import apply_rope, quantize_fp8, rope_quantize_kv, widened_query, widened_query_bounds
 from .rope import PRESETS, YarnParams, cos_sin_cache, plain_cos_sin_cache, yarn_cos_sin_cache
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "apply_rope",
     "quantize_fp8",
     "widened_query",
+    "widened_query_bounds",
     "rope_quantize_kv",
     "PRESETS",
     "YarnParams",

@@ -43,11 +43,31 @@ __all__ = [
     "quantize_fp8",
     "rope_query_rows",
     "widened_query",
+    "widened_query_bounds",
     "rope_quantize_kv",
 ]
 
 FP8_MAX = 448.0
 ROPE_STYLES = ("interleaved", "neox")
+
+
+def _pairs(x: torch.Tensor, style: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotated pairs' first and second elements, ``[..., rope / 2]`` each."""
+    d = x.shape[-1]
+    return (x[..., 0::2], x[..., 1::2]) if style == "interleaved" else (x[..., : d // 2], x[..., d // 2 :])
+
+
+def _join(y0: torch.Tensor, y1: torch.Tensor, style: str) -> torch.Tensor:
+    """Inverse of :func:`_pairs`."""
+    return torch.stack((y0, y1), dim=-1).flatten(-2) if style == "interleaved" else torch.cat((y0, y1), dim=-1)
+
+
+def _check_rope(x: torch.Tensor, cos_sin: torch.Tensor, style: str) -> None:
+    if style not in ROPE_STYLES:
+        raise ValueError(f"rope style must be one of {ROPE_STYLES}, got {style!r}")
+    d = x.shape[-1]
+    if d % 2 or cos_sin.shape[-1] != d:
+        raise ValueError(f"rope dim must be even and match cos_sin_cache ({cos_sin.shape[-1]}), got {d}")
 
 
 def apply_rope(
@@ -57,22 +77,11 @@ def apply_rope(
 
     Returns ``[..., rope]`` in ``dtype`` (fp32 for the kernels' contract, fp64 for an exact-math check).
     """
-    if style not in ROPE_STYLES:
-        raise ValueError(f"rope style must be one of {ROPE_STYLES}, got {style!r}")
+    _check_rope(x, cos_sin, style)
     d = x.shape[-1]
-    if d % 2 or cos_sin.shape[-1] != d:
-        raise ValueError(f"rope dim must be even and match cos_sin_cache ({cos_sin.shape[-1]}), got {d}")
-    x = x.to(dtype)
+    x0, x1 = _pairs(x.to(dtype), style)
     cos, sin = cos_sin.to(dtype)[..., : d // 2], cos_sin.to(dtype)[..., d // 2 :]
-    if style == "interleaved":
-        x0, x1 = x[..., 0::2], x[..., 1::2]
-    else:
-        x0, x1 = x[..., : d // 2], x[..., d // 2 :]
-    y0 = x0 * cos - x1 * sin
-    y1 = x0 * sin + x1 * cos
-    if style == "interleaved":
-        return torch.stack((y0, y1), dim=-1).flatten(-2)
-    return torch.cat((y0, y1), dim=-1)
+    return _join(x0 * cos - x1 * sin, x0 * sin + x1 * cos, style)
 
 
 def quantize_fp8(x: torch.Tensor, quant_scale: float = 1.0) -> torch.Tensor:
@@ -109,7 +118,7 @@ def rope_query_rows(
     """One rank's heads: ``q_nope [T, H, nope]``, ``q_pe [T, H, rope]`` -> ``[T, H, nope + rope]`` in ``out_dtype``.
 
     ``compute_dtype`` fp32 is the kernels' exact contract; fp64 is the "true math" the tests bound the
-    fp32 result against (within one output step).
+    fp32 result against (:func:`widened_query_bounds`).
     """
     # a position outside the table's rows takes the nearest row, as the kernels do (clamped, never an index error)
     pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
@@ -161,6 +170,81 @@ def widened_query(
         pad = torch.zeros((q.shape[0], pad_heads_to - q.shape[1], q.shape[2]), dtype=q.dtype, device=q.device)
         q = torch.cat((q, pad), dim=1)
     return q
+
+
+_U32 = 2.0**-24  # fp32 unit roundoff (round to nearest)
+_TINY32 = 2.0**-146  # a few fp32 subnormal steps: the absolute error an underflowing rounding may add
+
+
+def _rounding_error(v: torch.Tensor) -> torch.Tensor:
+    """Bound on ``|fl32(v) - v|`` for exact fp64 ``v``: 0 where ``v`` is an fp32 value."""
+    return torch.where(v.float().double() == v, 0.0, _U32 * v.abs() + _TINY32)
+
+
+def _rope_with_error(x: torch.Tensor, cos_sin: torch.Tensor, style: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The true rotation of bf16 ``x`` (fp64; each product of a bf16 and an fp32 value is exact there) and a
+    bound on the fp32 contract's error for each element: its two rounded products, then the rounded sum,
+    which is exact only when both products are and one of them is 0 (position 0: ``c = 1, s = 0``)."""
+    d = x.shape[-1]
+    x0, x1 = _pairs(x.double(), style)
+    cos, sin = cos_sin.double()[..., : d // 2], cos_sin.double()[..., d // 2 :]
+    ys, errs = [], []
+    for a, b, sign in ((x0 * cos, x1 * sin, -1.0), (x0 * sin, x1 * cos, 1.0)):
+        y, e = a + sign * b, _rounding_error(a) + _rounding_error(b)
+        exact = (e == 0) & ((a == 0) | (b == 0))
+        ys.append(y)
+        errs.append(torch.where(exact, 0.0, e + _U32 * (y.abs() + e) + _TINY32))
+    return _join(*ys, style), _join(*errs, style)
+
+
+def widened_query_bounds(
+    q_nopes: Sequence[torch.Tensor],
+    q_pes: Sequence[torch.Tensor],
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    rope_style: str = "interleaved",
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+    quant_scale: float = 1.0,
+    pad_heads_to: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Elementwise ``(lo, hi)`` in ``out_dtype``: the outputs any computation following the rounding
+    contract (module docstring) can give, bracketed from the true (fp64) math. Same arguments and shape as
+    :func:`widened_query`; a result ``q`` is right when ``lo <= q <= hi`` in value order.
+
+    Error model, ``u = 2**-24``: every fp32 rounding of a value ``v`` errs by at most ``u*|v|`` (0 when ``v``
+    is an fp32 value); a rotated element ``y = fl(fl(x0*c) - fl(x1*s))`` therefore errs by at most
+    ``e = e0 + e1 + u*(|y*| + e0 + e1)``, ``e0``/``e1`` its products' errors and ``y*`` the true value. That is
+    proportional to ``|x0*c| + |x1*s|``, not to ``|y*|``, which cancellation can make far smaller: no fixed
+    number of output steps from the fp64 value bounds the contract. The ``quant_scale`` product adds
+    ``u*|scale*y|``, or nothing for a power-of-two scale (exact). The result lies in ``[scale*y* - E,
+    scale*y* + E]``; fp32 rounding and the output cast are monotone, so the cast of both ends (through fp32,
+    as the contract casts) brackets the output. Non-finite values get ``E = 0`` (their result is +-inf or
+    saturated, exactly).
+    """
+    pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
+    cs = cos_sin_cache[pos].unsqueeze(1)  # [T, 1, rope]
+    mant, _ = torch.frexp(torch.tensor(float(quant_scale), dtype=torch.float64))
+    scale_exact = bool(mant.abs() == 0.5)  # a power of two
+    lo, hi = [], []
+    for n, p in zip(q_nopes, q_pes):
+        y, e_pe = _rope_with_error(p, cs, rope_style)
+        true = torch.cat((n.double(), y), dim=-1)
+        err = torch.cat((torch.zeros_like(n, dtype=torch.float64), e_pe), dim=-1)
+        if not scale_exact:
+            err = err + _U32 * (true.abs() + err) + _TINY32
+        true, err = true * quant_scale, err * quant_scale
+        err = torch.where(err.isfinite(), err, torch.zeros_like(err))
+        lo.append(convert_out((true - err).float(), out_dtype))
+        hi.append(convert_out((true + err).float(), out_dtype))
+    out = []
+    for ends in (lo, hi):
+        q = torch.cat(ends, dim=1)
+        if pad_heads_to is not None and pad_heads_to > q.shape[1]:
+            pad = torch.zeros((q.shape[0], pad_heads_to - q.shape[1], q.shape[2]), dtype=q.dtype, device=q.device)
+            q = torch.cat((q, pad), dim=1)
+        out.append(q)
+    return out[0], out[1]
 
 
 def rope_quantize_kv(

@@ -165,7 +165,11 @@ def widened_query(
         )
         for n, p in zip(q_nopes, q_pes)
     ]
-    q = torch.cat(rows, dim=1)
+    return _pad_heads(torch.cat(rows, dim=1), pad_heads_to)
+
+
+def _pad_heads(q: torch.Tensor, pad_heads_to: int | None) -> torch.Tensor:
+    """``q [T, heads, D]`` with zero heads appended up to ``pad_heads_to``."""
     if pad_heads_to is not None and pad_heads_to > q.shape[1]:
         pad = torch.zeros((q.shape[0], pad_heads_to - q.shape[1], q.shape[2]), dtype=q.dtype, device=q.device)
         q = torch.cat((q, pad), dim=1)
@@ -237,14 +241,7 @@ def widened_query_bounds(
         err = torch.where(err.isfinite(), err, torch.zeros_like(err))
         lo.append(convert_out((true - err).float(), out_dtype))
         hi.append(convert_out((true + err).float(), out_dtype))
-    out = []
-    for ends in (lo, hi):
-        q = torch.cat(ends, dim=1)
-        if pad_heads_to is not None and pad_heads_to > q.shape[1]:
-            pad = torch.zeros((q.shape[0], pad_heads_to - q.shape[1], q.shape[2]), dtype=q.dtype, device=q.device)
-            q = torch.cat((q, pad), dim=1)
-        out.append(q)
-    return out[0], out[1]
+    return _pad_heads(torch.cat(lo, dim=1), pad_heads_to), _pad_heads(torch.cat(hi, dim=1), pad_heads_to)
 
 
 def rope_quantize_kv(

@@ -97,3 +97,32 @@ def test_canonical_topk_kernel_matches_bruteforce(pools, T, L, k, data):
     lens = [data.draw(st.integers(0, L)) for _ in range(T)]
     ok, why = pools(1).run(fns.topk_matches_bruteforce, logits, lens, k)[0]
     assert ok, why
+
+
+_BF16_FINITE = st.integers(0, 0xFFFF).filter(lambda b: (b & 0x7F80) != 0x7F80)  # every finite bf16 bit pattern
+
+
+@SETTINGS
+@given(
+    bits=st.lists(_BF16_FINITE, min_size=16, max_size=16),
+    pos=st.integers(0, 4095),
+    style=st.sampled_from(["interleaved", "neox"]),
+    out=st.sampled_from([(torch.bfloat16, 1.0), (torch.float8_e4m3fn, 1.0), (torch.float8_e4m3fn, 0.37),
+                         (torch.float8_e4m3fn, 2.0 ** -12)]),
+)  # fmt: skip
+def test_query_fp32_contract_lies_within_the_fp64_bound(bits, pos, style, out):
+    """``widened_query_bounds`` brackets the fp32 contract for any finite bf16 inputs (subnormals, the largest
+    values whose products overflow fp32, zeros of either sign), any table row and scale."""
+    from peerdcp.query import reference as qref
+    from peerdcp.query.rope import plain_cos_sin_cache
+
+    x = torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    nope, pe = x[:8].reshape(1, 1, 8), x[8:].reshape(1, 1, 8)
+    cs = plain_cos_sin_cache(4096, 8)
+    kw = dict(rope_style=style, out_dtype=out[0], quant_scale=out[1])
+    q = qref.widened_query([nope], [pe], torch.tensor([pos]), cs, **kw)
+    lo, hi = qref.widened_query_bounds([nope], [pe], torch.tensor([pos]), cs, **kw)
+    from rankfns_query import ordered as o
+
+    assert not q.float().isnan().any()
+    assert ((o(lo) <= o(q)) & (o(q) <= o(hi))).all(), (q, lo, hi)

@@ -366,3 +366,22 @@ def fail_after_allocation(cls: str, backend: str, fault_rank: int) -> dict:
         "before": before,
         "after": resources(),
     }
+
+
+def misaligned_on_one_rank(bad_rank: int) -> dict:
+    """A PeerBuffer whose last peer address is 8 bytes off on ``bad_rank`` only (a stand-in teardown counts calls)."""
+    from peerdcp._dist import resolve_group
+    from peerdcp.memory.buffer import PeerBuffer
+
+    info = resolve_group(None)
+    addrs = [0x10000 * (r + 1) for r in range(info.world_size)]
+    if info.rank == bad_rank:
+        addrs[-1] += PEER_ALIGN // 2
+    released = []
+    try:
+        PeerBuffer(info=info, memory="host", nbytes=64, device=torch.device("cpu"), peer_bytes=[], peer_addrs=addrs,
+                   teardown=lambda: released.append(1))  # fmt: skip
+        raised = None
+    except PeerSetupError as e:
+        raised = str(e)
+    return {"raised": raised, "released": len(released)}

@@ -51,9 +51,15 @@ class PeerBuffer:
         self.device = device
         self._peer_bytes = list(peer_bytes)
         self._peer_addrs = [int(a) for a in peer_addrs]
-        if any(a % PEER_ALIGN for a in self._peer_addrs):
+        # Agreed, so that a rank whose mapping broke the rule cannot leave the others with a buffer it never joins;
+        # every rank then tears its mappings down (collectively: all of them are here).
+        bad = [hex(a) for a in self._peer_addrs if a % PEER_ALIGN]
+        err = f"peer base addresses {bad} are not {PEER_ALIGN}-byte aligned" if bad else None
+        try:
+            agree(info, err, f"{memory} map")
+        except PeerSetupError:
             teardown()
-            raise PeerSetupError(f"peer base addresses must be {PEER_ALIGN}-byte aligned, got {self._peer_addrs}")
+            raise
         self.peer_ptrs = torch.tensor(self._peer_addrs, dtype=torch.int64, device=device)
         self._teardown: Callable[[], None] | None = teardown
 

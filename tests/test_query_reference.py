@@ -202,3 +202,11 @@ def test_fp64_bound_holds_over_magnitudes_tables_and_scales(seed):
             lo, hi = R.widened_query_bounds(nopes, pes, pos, cs, **kw)
             assert not _outside(q32, lo, hi).any(), (style, out_dtype, scale)
             assert float((_ordered(hi) == _ordered(lo)).float().mean()) >= 0.99, (style, out_dtype, scale)
+
+
+def test_bounds_check_their_arguments_as_the_reference_does():
+    x, cs = torch.zeros(1, 1, 8).bfloat16(), rope.plain_cos_sin_cache(16, 8)
+    with pytest.raises(ValueError, match="rope style"):
+        R.widened_query_bounds([x], [x], torch.tensor([0]), cs, rope_style="gptj")
+    with pytest.raises(ValueError, match="rope dim"):
+        R.widened_query_bounds([x], [x[..., :6]], torch.tensor([0]), cs)

@@ -189,6 +189,7 @@ def _rope_with_error(x: torch.Tensor, cos_sin: torch.Tensor, style: str) -> tupl
     """The true rotation of bf16 ``x`` (fp64; each product of a bf16 and an fp32 value is exact there) and a
     bound on the fp32 contract's error for each element: its two rounded products, then the rounded sum,
     which is exact only when both products are and one of them is 0 (position 0: ``c = 1, s = 0``)."""
+    _check_rope(x, cos_sin, style)
     d = x.shape[-1]
     x0, x1 = _pairs(x.double(), style)
     cos, sin = cos_sin.double()[..., : d // 2], cos_sin.double()[..., d // 2 :]

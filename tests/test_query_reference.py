@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rankfns_query import ordered
 
 from peerdcp.query import reference as R
 from peerdcp.query import rope
@@ -101,18 +102,9 @@ def test_fp8_saturates_and_rounds_to_nearest_even():
         R.convert_out(torch.tensor([1.0]), torch.float16)
 
 
-def _ordered(x):
-    """Output values as integers one apart per representable step (+0 and -0 both 0)."""
-    if x.dtype == torch.float8_e4m3fn:
-        u = x.view(torch.uint8).to(torch.int32)
-        return torch.where(u & 0x80 != 0, -(u & 0x7F), u & 0x7F)
-    u = x.view(torch.int16).to(torch.int32) & 0xFFFF
-    return torch.where(u & 0x8000 != 0, -(u & 0x7FFF), u & 0x7FFF)
-
-
 def _outside(q, lo, hi):
-    o = _ordered(q)
-    return (o < _ordered(lo)) | (o > _ordered(hi))
+    o = ordered(q)
+    return (o < ordered(lo)) | (o > ordered(hi))
 
 
 @pytest.mark.parametrize(
@@ -139,7 +131,7 @@ def test_widened_layout_and_fp32_within_the_fp64_bound(style, out_dtype, scale):
         roped = R.apply_rope(pes[s], cs[pos].unsqueeze(1), style)
         assert torch.equal(q32[:, s * H : (s + 1) * H, 512:].float(), R.convert_out(roped, out_dtype, scale).float())
     assert not _outside(q32, lo, hi).any()
-    assert float((_ordered(q32) == _ordered(q64)).float().mean()) >= 0.999
+    assert float((ordered(q32) == ordered(q64)).float().mean()) >= 0.999
     k = R.rope_quantize_kv(nopes[0][:, 0], pes[0][:, 0], pos, cs, rope_style=style, out_dtype=out_dtype)
     k_ref = R.widened_query([nopes[0][:, :1]], [pes[0][:, :1]], pos, cs, rope_style=style, out_dtype=out_dtype)
     assert k.shape == (T, 576) and torch.equal(k.float(), k_ref[:, 0].float())
@@ -168,14 +160,14 @@ def test_fp64_bound_holds_under_cancellation_and_catches_a_wrong_step(style, out
     q32 = R.widened_query(nopes, pes, pos, cs, **kw)
     q64 = R.widened_query(nopes, pes, pos, cs, compute_dtype=torch.float64, **kw)
     lo, hi = R.widened_query_bounds(nopes, pes, pos, cs, **kw)
-    far = (_ordered(q32) - _ordered(q64)).abs()
+    far = (ordered(q32) - ordered(q64)).abs()
     if out_dtype == torch.bfloat16:  # FP8's 3-bit mantissa and 2^-9 floor absorb the fp32 error
         assert int(far.max()) > 1
     assert not _outside(q32, lo, hi).any()
-    width = _ordered(hi) - _ordered(lo)
+    width = ordered(hi) - ordered(lo)
     assert (width >= 0).all() and float((width == 0).float().mean()) >= 0.9
     # one element one step off, where the bound is a single value: caught
-    t, h, e = (int(i[0]) for i in torch.nonzero((width == 0) & (_ordered(q32) > 0), as_tuple=True))
+    t, h, e = (int(i[0]) for i in torch.nonzero((width == 0) & (ordered(q32) > 0), as_tuple=True))
     bad = q32.clone()
     bits = bad.view(torch.uint8 if out_dtype == torch.float8_e4m3fn else torch.int16)
     bits[t, h, e] += 1
@@ -201,7 +193,7 @@ def test_fp64_bound_holds_over_magnitudes_tables_and_scales(seed):
             q32 = R.widened_query(nopes, pes, pos, cs, **kw)
             lo, hi = R.widened_query_bounds(nopes, pes, pos, cs, **kw)
             assert not _outside(q32, lo, hi).any(), (style, out_dtype, scale)
-            assert float((_ordered(hi) == _ordered(lo)).float().mean()) >= 0.99, (style, out_dtype, scale)
+            assert float((ordered(hi) == ordered(lo)).float().mean()) >= 0.99, (style, out_dtype, scale)
 
 
 def test_bounds_check_their_arguments_as_the_reference_does():

@@ -104,6 +104,12 @@ def convert_out(x: torch.Tensor, out_dtype: torch.dtype, quant_scale: float = 1.
     raise TypeError(f"out_dtype must be torch.float8_e4m3fn or torch.bfloat16, got {out_dtype}")
 
 
+def _table_rows(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """``[T, 1, rope]``: each position's row of the table. A position outside the table's rows takes the nearest
+    row, as the kernels do (clamped, never an index error)."""
+    return cos_sin_cache[positions.long().clamp(0, cos_sin_cache.shape[0] - 1)].unsqueeze(1)
+
+
 def rope_query_rows(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -120,9 +126,7 @@ def rope_query_rows(
     ``compute_dtype`` fp32 is the kernels' exact contract; fp64 is the "true math" the tests bound the
     fp32 result against (:func:`widened_query_bounds`).
     """
-    # a position outside the table's rows takes the nearest row, as the kernels do (clamped, never an index error)
-    pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
-    cs = cos_sin_cache[pos].unsqueeze(1)  # [T, 1, rope]
+    cs = _table_rows(positions, cos_sin_cache)
     pe = apply_rope(q_pe, cs, rope_style, dtype=compute_dtype)
     full = torch.cat((q_nope.to(compute_dtype), pe), dim=-1)
     return convert_out(full, out_dtype, quant_scale)
@@ -227,8 +231,7 @@ def widened_query_bounds(
     as the contract casts) brackets the output. Non-finite values get ``E = 0`` (their result is +-inf or
     saturated, exactly).
     """
-    pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
-    cs = cos_sin_cache[pos].unsqueeze(1)  # [T, 1, rope]
+    cs = _table_rows(positions, cos_sin_cache)
     mant, _ = torch.frexp(torch.tensor(float(quant_scale), dtype=torch.float64))
     scale_exact = bool(mant.abs() == 0.5)  # a power of two
     lo, hi = [], []

@@ -126,3 +126,30 @@ def test_query_fp32_contract_lies_within_the_fp64_bound(bits, pos, style, out):
 
     assert not q.float().isnan().any()
     assert ((o(lo) <= o(q)) & (o(q) <= o(hi))).all(), (q, lo, hi)
+
+
+_BF16_MODEST = _BF16_FINITE.filter(lambda b: (b & 0x7F80) < ((127 + 100) << 7))  # |x| < 2^101: no fp32 overflow
+
+
+@SETTINGS
+@given(
+    N=st.integers(1, 5),
+    R=st.integers(1, 4),
+    base=st.sampled_from(["e", 2]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    data=st.data(),
+)
+def test_output_fp32_combine_lies_within_the_fp64_bound(N, R, base, dtype, data):
+    """``combine_bounds`` brackets an fp32 combine (``combine(..., compute_dtype=float32)``) for any LSEs
+    (empty, NaN, +inf, gaps of 1e4) and any bf16 payloads below fp32 overflow (subnormals, zeros of either
+    sign, cancelling sources), with the output rounded to bf16 or fp16."""
+    lses = torch.tensor([[data.draw(_LSE) for _ in range(R)] for _ in range(N)], dtype=torch.float32)
+    bits = data.draw(st.lists(_BF16_MODEST, min_size=N * R * 8, max_size=N * R * 8))
+    outs = torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(N, R, 8)
+    got, got_lse = oref.combine(outs, lses, lse_base=base, return_lse=True, compute_dtype=torch.float32)
+    lo, hi, lse_lo, lse_hi = oref.combine_bounds(outs, lses, lse_base=base, out_dtype=dtype)
+    q = got.to(dtype).double()
+    assert ((lo.double() <= q) & (q <= hi.double())).all(), (q, lo, hi)
+    fin = torch.isfinite(lse_lo)
+    assert ((lse_lo[fin] <= got_lse[fin]) & (got_lse[fin] <= lse_hi[fin])).all()
+    assert torch.equal(got_lse[~fin], lse_lo[~fin])

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from .reducer import BACKENDS, DIRECT_KERNEL_DEFAULT, KERNELS, TUNING, OutputReducer
-from .reference import combine, dcp_reduce, sanitize_lse
+from .reference import combine, combine_bounds, dcp_reduce, dcp_reduce_bounds, sanitize_lse
 
 __all__ = [
     "OutputReducer",
@@ -18,6 +18,8 @@ __all__ = [
     "DIRECT_KERNEL_DEFAULT",
     "TUNING",
     "combine",
+    "combine_bounds",
     "dcp_reduce",
+    "dcp_reduce_bounds",
     "sanitize_lse",
 ]

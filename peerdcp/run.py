@@ -184,13 +184,14 @@ def _print_report(rep: dict) -> None:
             t.add_row(name, o[name]["backend"], str(o[name]["memory"]), _short(o[name]["reason"]))
     con.print(t)
     t = Table(title="parity with the unsharded step (per rank)")
-    for c in ("rank", "query (<= 1 bf16 step)", "top-k ids equal", "output rel err", "verdict"):
+    for c in ("rank", "query (bytes)", "top-k ids equal", "merge (fp32 bound)", "output rel err", "verdict"):
         t.add_column(c)
     for r, c in enumerate(rep["check"]):
         t.add_row(
             str(r),
             "ok" if c["query_ok"] else f"FAIL (max {c['query_max_abs']:.3g})",
             "-" if "topk_equal" not in c else ("ok" if c["topk_equal"] else "FAIL"),
+            "ok" if c["merge_outside"] == 0 else f"FAIL ({c['merge_outside']} outside)",
             f"{c['output_rel_err']:.2e}",
             "[green]PASS[/green]" if c["ok"] else "[red]FAIL[/red]",
         )

@@ -12,7 +12,9 @@ The real path (what ``peerdcp run`` executes, one process per GPU or CPU process
 and the same step unsharded on each rank (all weights and the whole KV are known to every rank, drawn
 from one seed): reference query, full-sequence scores on a *replicated* cache with the same scoring
 kernel (so scores are bitwise equal) + canonical top-k, attention over the full KV. The checks: same
-top-k ids (set and order), the query's bytes (the fp32 rounding contract), output within bf16 tolerance.
+top-k ids (set and order), the query's bytes (the fp32 rounding contract), the merged output inside the fp32
+error-model bound of every rank's partials (``dcp_reduce_bounds``; the exchange itself), and the output within a
+bf16 tolerance of the unsharded attention (end to end).
 
 State lives in the worker process between phases (``_S``), so the driver can show progress per phase.
 """
@@ -32,7 +34,7 @@ from .geometry import Geometry
 __all__ = ["setup", "generate", "forward", "check", "timings", "gpu_burst_us", "capacity", "teardown"]
 
 _S: dict[str, Any] = {}
-FAULTS = ("none", "corrupt-partial", "corrupt-query", "corrupt-topk")
+FAULTS = ("none", "corrupt-partial", "corrupt-query", "corrupt-topk", "corrupt-merge")
 
 
 def _dev() -> torch.device:
@@ -192,6 +194,10 @@ def forward() -> dict:
     if _S["fault"] == "corrupt-partial" and r == W - 1:
         part = (part.float() * 1.5 + 0.25).to(part.dtype)
     merged = _S["red"].reduce(part.contiguous(), lse.contiguous())
+    if _S["fault"] == "corrupt-merge" and r == 0:  # two bf16 steps on the largest element: below the rel-err check
+        flat = merged.view(-1)
+        i = int(flat.float().abs().argmax())
+        flat[i] = (flat[i : i + 1].view(torch.int16) + 2).view(torch.bfloat16)[0]
     _sync()
     _S.update(q=q, merged=merged, part=part, lse=lse, valid=valid)
     return {"q_shape": list(q.shape), "out_shape": list(merged.shape), "local_keys": int(valid.sum())}
@@ -234,8 +240,25 @@ def check() -> dict:
         output_ok=bool(rel <= 1e-2 and torch.isfinite(got).all()),
         output_nan=bool(torch.isnan(got).any()),
     )
-    res["ok"] = res["query_ok"] and res["output_ok"] and res.get("topk_equal", True)
+    res["merge_outside"] = _merge_outside()
+    res["ok"] = res["query_ok"] and res["output_ok"] and res["merge_outside"] == 0 and res.get("topk_equal", True)
     return res
+
+
+def _merge_outside() -> int:
+    """Elements of this rank's merged output outside ``dcp_reduce_bounds`` of every rank's partial (all-gathered
+    over the default group's CPU path): the Output exchange checked on its own, at the fp32 error model."""
+    from .output.reference import dcp_reduce_bounds
+
+    W, r = _S["W"], _S["r"]
+    part, lse = _S["part"].cpu().contiguous(), _S["lse"].cpu().contiguous()
+    parts = [torch.empty_like(part) for _ in range(W)]
+    lses = [torch.empty_like(lse) for _ in range(W)]
+    dist.all_gather([p.view(torch.uint8) for p in parts], part.view(torch.uint8))  # bf16 as bytes (gloo)
+    dist.all_gather(lses, lse)
+    lo, hi, _, _ = dcp_reduce_bounds(parts, lses, r, lse_base="e", out_dtype=part.dtype)
+    got = _S["merged"].cpu().double()
+    return int(((got < lo.double()) | (got > hi.double()) | got.isnan()).sum())
 
 
 def _ref_out_fp32(q, c, pe, valid, scale) -> torch.Tensor:

@@ -315,10 +315,10 @@ def _outside(out, bounds) -> torch.Tensor:
 
 
 def _lse_outside(lse, bounds) -> torch.Tensor:
-    """Device bool: a merged LSE outside ``bounds``' interval, or a wrong -inf."""
+    """Device bool: a merged LSE outside ``bounds``' interval, NaN, or a wrong -inf (no host sync)."""
     lo, hi = bounds[2], bounds[3]
-    fin = torch.isfinite(lo)
-    return (lse[~fin] != lo[~fin]).any() | ((lse[fin] < lo[fin]) | (lse[fin] > hi[fin])).any()
+    bad = torch.where(torch.isfinite(lo), (lse < lo) | (lse > hi), lse != lo)
+    return (bad | torch.isnan(lse)).any()
 
 
 def graph_replays(

@@ -33,7 +33,7 @@ def test_run_passes_parity(tmp_path, geometry):
     assert "verdict: PASS" in text
     assert rep["ok"] is True and rep["world"] == 2
     for c in rep["check"]:
-        assert c["query_ok"] and c["output_ok"] and not c["output_nan"]
+        assert c["query_ok"] and c["output_ok"] and not c["output_nan"] and c["merge_outside"] == 0
         assert c["output_rel_err"] < 1e-2
         if rep["geometry"]["index_heads"]:
             assert c["topk_equal"] is True and c["topk_selected"] > 0
@@ -49,7 +49,12 @@ def test_run_passes_parity(tmp_path, geometry):
 
 @pytest.mark.parametrize(
     ("geometry", "fault"),
-    [("kimi-k2.5", "corrupt-partial"), ("kimi-k2.5", "corrupt-query"), ("deepseek-v3.2", "corrupt-topk")],
+    [
+        ("kimi-k2.5", "corrupt-partial"),
+        ("kimi-k2.5", "corrupt-query"),
+        ("deepseek-v3.2", "corrupt-topk"),
+        ("deepseek-v3.2", "corrupt-merge"),
+    ],
 )
 def test_run_fails_loudly_when_a_mechanism_is_broken(tmp_path, geometry, fault):
     rc, text, rep = _run(tmp_path, "--geometry", geometry, "--fault", fault)
@@ -62,6 +67,8 @@ def test_run_fails_loudly_when_a_mechanism_is_broken(tmp_path, geometry, fault):
         assert any(c["topk_equal"] is False for c in rep["check"])
     if fault == "corrupt-query":
         assert any(not c["query_ok"] for c in rep["check"])
+    if fault == "corrupt-merge":  # two bf16 steps on one element: only the merge's bound sees it
+        assert [c["merge_outside"] for c in rep["check"]] == [1, 0] and all(c["output_ok"] for c in rep["check"])
 
 
 @pytest.mark.parametrize("world", [4, 8])

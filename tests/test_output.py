@@ -180,6 +180,8 @@ def test_bounds_follow_cancellation_and_catch_one_step():
         combine_bounds(torch.zeros(2, 3, 4), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="lse_base"):
         combine_bounds(torch.zeros(2, 3, 4), torch.zeros(2, 3), lse_base=10)
+    with pytest.raises(TypeError, match="out_dtype"):
+        combine_bounds(torch.zeros(2, 3, 4), torch.zeros(2, 3), out_dtype=torch.int16)
 
 
 # ------------------------------------------------------------------------------------ across ranks

@@ -199,6 +199,8 @@ def combine_bounds(
     l = torch.stack(list(lses)) if not isinstance(lses, torch.Tensor) else lses
     if o.dim() < 2 or l.shape != o.shape[:-1]:
         raise ValueError(f"outs [N, *rows, D] and lses [N, *rows] disagree: {tuple(o.shape)} vs {tuple(l.shape)}")
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"out_dtype must be a floating-point torch.dtype, got {out_dtype!r}")
     n = o.shape[0]
     ln_b = 1.0 if base == "e" else math.log(2.0)
     out, lse = combine(o, l, lse_base=base, return_lse=True)

@@ -79,7 +79,10 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def current_stream_handle(device: torch.device) -> int:
-    """The ``cudaStream_t`` (as an int) of the current stream on CUDA ``device``, for ctypes launches."""
+    """The ``cudaStream_t`` (as an int) of the current stream on CUDA ``device``, for ctypes launches.
+    ValueError for a non-CUDA device: a launch must never take the current device's stream for host tensors."""
+    if device.type != "cuda":
+        raise ValueError(f"a CUDA launch needs tensors on a CUDA device, got {device}")
     index = cuda_index(device)
     if _raw_stream is not None:
         return _raw_stream(index)

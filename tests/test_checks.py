@@ -41,3 +41,13 @@ def test_devices_that_do_not_exist_are_value_errors():
         with pytest.raises(ValueError):
             resolve_device(dev)
     assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_a_cuda_launch_never_takes_a_stream_for_host_tensors():
+    """``kernel_support.current_stream_handle`` (every ctypes launch's stream) refuses a non-CUDA device: before
+    session 41 it returned the current device's stream, so a launch with host pointers ran (and faulted the GPU)."""
+    from peerdcp.kernel_support import current_stream_handle
+
+    for dev in ("cpu", "meta"):
+        with pytest.raises(ValueError, match="CUDA device"):
+            current_stream_handle(torch.device(dev))

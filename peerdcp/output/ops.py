@@ -196,6 +196,15 @@ class DirectLauncher:
     def __call__(
         self, partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None
     ) -> None:
+        self._fill(partial_out, partial_lse, out, out_lse)
+        stream = ctypes.c_void_p(current_stream_handle(partial_out.device))
+        _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
+
+    def _fill(
+        self, partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None
+    ) -> None:
+        """The call's fields of the parameter block (pointers, T, and the per-T option bits), without a launch:
+        tests check the T-dependent choices here (a launch with their fake peer addresses would fault a GPU)."""
         p = self._p
         p.partial_out = partial_out.data_ptr()
         p.partial_lse = partial_lse.data_ptr()
@@ -213,8 +222,6 @@ class DirectLauncher:
             if tokens > t:
                 pub, loads = n, u
         p.sn_pub, p.sn_loads = pub, loads
-        stream = ctypes.c_void_p(current_stream_handle(partial_out.device))
-        _check(self._lib.peerdcp_output_direct(self._pp, stream, self._device))
 
     @property
     def stages(self) -> int:

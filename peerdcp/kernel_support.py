@@ -218,6 +218,16 @@ def _block_min(x):
 
 
 @triton.jit
+def error_word(err_addr):
+    """The int64 error word at address ``err_addr`` (a Python-int kernel argument) as a pointer. Widened to 64 bits
+    through uint64 first: an address below 2^32 arrives as a 32-bit scalar (ints are typed by value: int32 below
+    2^31, uint32 below 2^32; a non-PIE Python's heap lies there: session 41, CPU tests on the GPU machine), and the
+    interpreter cannot bitcast 4 bytes to a pointer (nor a uint32 widened straight to int64). On the GPU the
+    casts are free (a zero / sign extension of a positive value, or nothing)."""
+    return err_addr.to(tl.uint64).to(tl.int64).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
 def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, mech, GPU: tl.constexpr):
     """Acquire-poll the int64 at ``flag_ptr`` until it equals ``value``; True on success.
 
@@ -253,14 +263,14 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
         # would take grid x timeout_s to fail instead of timeout_s (the GPU's programs wait concurrently).
         v = poll_acquire(flag_ptr)
         n = 0
-        if poll_acquire(err_addr.to(tl.pointer_type(tl.int64))) != 0:
+        if poll_acquire(error_word(err_addr)) != 0:
             n = max_spins
         while (v != value) & (n < max_spins):
             v = poll_acquire(flag_ptr)
             n += 1
         ok = v == value
     if ok == 0:
-        err = err_addr.to(tl.pointer_type(tl.int64))
+        err = error_word(err_addr)
         zero = value.to(tl.int64) * 0  # int64 operands; rank/peer/mech may be Python ints or constexprs
         if tl.atomic_cas(err, zero, zero + 1, sem="relaxed", scope="sys") == 0:
             tl.store(err + 1, zero + my_rank)

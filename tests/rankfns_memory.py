@@ -385,3 +385,48 @@ def misaligned_on_one_rank(bad_rank: int) -> dict:
     except PeerSetupError as e:
         raised = str(e)
     return {"raised": raised, "released": len(released)}
+
+
+_LOW_PAGES: set[int] = set()  # mapped by this process (the pool's workers serve several calls)
+
+
+def _map_low_page(addr: int) -> int:
+    """An anonymous page at exactly ``addr`` (0 where the kernel refuses: taken or below mmap_min_addr)."""
+    import ctypes
+    import mmap
+
+    if addr in _LOW_PAGES:
+        return addr
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    map_fixed_noreplace = 0x100000
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed_noreplace
+    got = libc.mmap(addr, 4096, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    if got != addr:
+        return 0
+    _LOW_PAGES.add(addr)
+    return addr
+
+
+def with_error_word_at(addr: int, fn_name: str, *args):
+    """``fn_name(*args)`` of this module with every ErrorWord's eight words at address ``addr`` (where a
+    non-PIE Python's heap puts small tensors: below 2^32, which the interpreter passes as a 32-bit scalar)."""
+    import ctypes
+    from unittest import mock
+
+    from peerdcp import kernel_support
+
+    if not _map_low_page(addr):
+        return "unmappable"
+    words = torch.frombuffer((ctypes.c_char * 64).from_address(addr), dtype=torch.int64, count=8)
+
+    def init(self, device, timeout_s):
+        self.timeout_s, self.device = timeout_s, device
+        self.tensor = words
+        self.tensor.zero_()
+        self.words = words.numpy()
+
+    with mock.patch.object(kernel_support.ErrorWord, "__init__", init):
+        return globals()[fn_name](*args)

@@ -82,6 +82,7 @@ import triton.language as tl
 
 from ..kernel_support import (
     cast_rne,
+    error_word,
     fence_system,
     next_epoch,
     peer_pointer,
@@ -357,7 +358,7 @@ def _wait_peer(flag, value, err_addr, timeout_ns, max_spins, rank, peer, MECH: t
     (its programs run one after another, so W * NPROG full timeouts would add up)."""
     spins = max_spins
     if not GPU:
-        done = tl.load(err_addr.to(tl.pointer_type(tl.int64))) != 0
+        done = tl.load(error_word(err_addr)) != 0
         spins = tl.where(done, 0, max_spins)
     return wait_equal(flag, value, err_addr, timeout_ns, spins, rank, peer, MECH, GPU)
 

@@ -248,7 +248,7 @@ def check() -> dict:
 def _merge_outside() -> int:
     """Elements of this rank's merged output outside ``dcp_reduce_bounds`` of every rank's partial (all-gathered
     over the default group's CPU path): the Output exchange checked on its own, at the fp32 error model."""
-    from .output.reference import dcp_reduce_bounds
+    from .output.reference import dcp_reduce_bounds, outside_bounds
 
     W, r = _S["W"], _S["r"]
     part, lse = _S["part"].cpu().contiguous(), _S["lse"].cpu().contiguous()
@@ -257,8 +257,7 @@ def _merge_outside() -> int:
     dist.all_gather([p.view(torch.uint8) for p in parts], part.view(torch.uint8))  # bf16 as bytes (gloo)
     dist.all_gather(lses, lse)
     lo, hi, _, _ = dcp_reduce_bounds(parts, lses, r, lse_base="e", out_dtype=part.dtype)
-    got = _S["merged"].cpu().double()
-    return int(((got < lo.double()) | (got > hi.double()) | got.isnan()).sum())
+    return int(outside_bounds(_S["merged"].cpu(), lo, hi).sum())
 
 
 def _ref_out_fp32(q, c, pe, valid, scale) -> torch.Tensor:

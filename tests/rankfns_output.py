@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import peerdcp
 from peerdcp.errors import PeerTimeoutError
-from peerdcp.output.reference import combine, combine_bounds, dcp_reduce, dcp_reduce_bounds
+from peerdcp.output.reference import combine, combine_bounds, dcp_reduce, dcp_reduce_bounds, outside_bounds
 
 # Whole-output relative (Frobenius) error bound of one rounding to the output dtype (unit roundoff 2^-8 for
 # bf16, 2^-11 for fp16): a run-wide check beside the per-element one (``combine_bounds``).
@@ -66,7 +66,7 @@ def check_result(out, lse, bounds, ref) -> dict:
     ref = ref.detach().to("cpu", torch.float64)
     nan = int(torch.isnan(got).sum()) + int(torch.isinf(got).sum())
     g = got.to(torch.float64)
-    outside = int(((g < lo.double()) | (g > hi.double()) | torch.isnan(g)).sum())
+    outside = int(outside_bounds(g, lo, hi).sum())
     diff = (g - ref).nan_to_num(nan=1e30, posinf=1e30, neginf=1e30)
     sq_err, sq_ref = float(diff.pow(2).sum()), float(ref.pow(2).sum())
     empty_rows = ref.norm(dim=-1) == 0
@@ -74,12 +74,11 @@ def check_result(out, lse, bounds, ref) -> dict:
     ok = nan == 0 and zero_ok and outside == 0
     res = {"outside": outside, "nan": nan, "zero_ok": zero_ok, "ok": ok, "sq_err": sq_err, "sq_ref": sq_ref}
     if lse is not None:
-        lse = lse.detach().to("cpu", torch.float64)
-        fin = torch.isfinite(llo)
-        same_inf = bool((lse[~fin] == llo[~fin].double()).all())
-        lse_outside = int(((lse[fin] < llo[fin].double()) | (lse[fin] > lhi[fin].double())).sum())
-        res.update(lse_outside=lse_outside, lse_inf_ok=same_inf, lse_nan=int(torch.isnan(lse).sum()))
-        res["ok"] = res["ok"] and same_inf and lse_outside == 0 and res["lse_nan"] == 0
+        lse = lse.detach().to("cpu")
+        # an all-empty row's interval is -inf alone: a finite or NaN LSE there is outside too
+        lse_outside = int(outside_bounds(lse, llo, lhi).sum())
+        res.update(lse_outside=lse_outside, lse_nan=int(torch.isnan(lse).sum()))
+        res["ok"] = res["ok"] and lse_outside == 0
     return res
 
 
@@ -302,32 +301,13 @@ def gpu_inputs(seed: int, W: int, T: int, H: int, D: int, dtype: torch.dtype, ad
     return [o.to(dev) for o in outs], [l.to(dev) for l in lses]
 
 
-def _bounds(outs, lses, rank, base, dtype):
-    """``dcp_reduce_bounds`` on the inputs' device: ``(lo, hi, lse_lo, lse_hi)``."""
-    return dcp_reduce_bounds(outs, lses, rank, lse_base=base, out_dtype=dtype)
-
-
-def _outside(out, bounds) -> torch.Tensor:
-    """Device bool: any element of ``out`` outside ``bounds``' output interval (or NaN)."""
-    lo, hi = bounds[0].float(), bounds[1].float()
-    o = out.float()
-    return ((o < lo) | (o > hi) | torch.isnan(o)).any()
-
-
-def _lse_outside(lse, bounds) -> torch.Tensor:
-    """Device bool: a merged LSE outside ``bounds``' interval, NaN, or a wrong -inf (no host sync)."""
-    lo, hi = bounds[2], bounds[3]
-    bad = torch.where(torch.isfinite(lo), (lse < lo) | (lse > hi), lse != lo)
-    return (bad | torch.isnan(lse)).any()
-
-
 def graph_replays(
     config: dict, replays: int, t_big: int, t_small: int, n_sets: int = 5, t_mid: int | None = None
 ) -> dict:
     """Capture back-to-back reduce calls (T = t_big, then t_mid if given, then t_small with return_lse) in
     one CUDA graph; replay it ``replays`` times, copying a new input set into the static inputs before each
     replay (no barrier, no host sync). Every replay is checked on the GPU against the fp64 value's
-    fp32-model bounds (``_bounds``); returns counts."""
+    fp32-model bounds (``dcp_reduce_bounds``); returns counts."""
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     with peerdcp.OutputReducer(None, **dict(config, device=dev)) as red:  # the baselines' config names "cuda"
@@ -336,10 +316,10 @@ def graph_replays(
         for k in range(n_sets):
             ob, lb = gpu_inputs(100 + k, W, t_big, H, D, dt)
             os_, ls_ = gpu_inputs(200 + k, W, t_small, H, D, dt)
-            rb = _bounds(ob, lb, rank, base, dt)
-            rs = _bounds(os_, ls_, rank, base, dt)
+            rb = dcp_reduce_bounds(ob, lb, rank, lse_base=base, out_dtype=dt)
+            rs = dcp_reduce_bounds(os_, ls_, rank, lse_base=base, out_dtype=dt)
             om, lm = gpu_inputs(300 + k, W, t_mid or 1, H, D, dt)
-            rm = _bounds(om, lm, rank, base, dt)
+            rm = dcp_reduce_bounds(om, lm, rank, lse_base=base, out_dtype=dt)
             sets.append((ob[rank], lb[rank], rb, os_[rank], ls_[rank], rs, om[rank], lm[rank], rm))
         s_ob, s_lb = sets[0][0].clone(), sets[0][1].clone()
         s_os, s_ls = sets[0][3].clone(), sets[0][4].clone()
@@ -365,9 +345,11 @@ def graph_replays(
             s_om.copy_(om)
             s_lm.copy_(lm)
             g.replay()
-            mid_bad = _outside(g_out_m, rm) if t_mid else torch.zeros((), dtype=torch.bool, device=dev)
-            out_bad = _outside(g_out_b, rb) | mid_bad | _outside(g_out_s, rs) | _lse_outside(g_lse_s, rs)
-            bad += out_bad.to(torch.int64)
+            checks = [(g_out_b, rb[:2]), (g_out_s, rs[:2]), (g_lse_s, rs[2:])] + ([(g_out_m, rm[:2])] if t_mid else [])
+            replay_bad = torch.zeros((), dtype=torch.bool, device=dev)
+            for got, (lo, hi) in checks:  # device reductions: no host sync
+                replay_bad |= outside_bounds(got, lo, hi).any()
+            bad += replay_bad.to(torch.int64)
         torch.cuda.synchronize()
         red.check()
         info = {"backend": red.backend, "memory": red.memory, "kernel": red.kernel, "programs": red.programs}
@@ -389,7 +371,7 @@ def cuda_triton_twins(memory: str, cases: list[int], seed: int) -> list[dict]:
             oc, lc = rc.reduce(outs[rank], lses[rank], return_lse=True)
             ot, lt = rt.reduce(outs[rank], lses[rank], return_lse=True)
             ref = dcp_reduce(outs, lses, rank)
-            bounds = _bounds(outs, lses, rank, "e", torch.bfloat16)
+            bounds = dcp_reduce_bounds(outs, lses, rank)
             r = check_result(oc, lc, bounds, ref)
             r2 = check_result(ot, lt, bounds, ref)
             same = int((oc != ot).sum())  # same math, same rounding: expect (nearly) identical bits
@@ -435,7 +417,7 @@ def breakdown_then_full(config: dict, T: int, seed: int) -> dict:
     with peerdcp.OutputReducer(None, device=dev, **config) as red:
         H, D, dt = red.heads, red.head_dim, red.dtype
         outs, lses = gpu_inputs(seed, W, T, H, D, dt)
-        bounds = _bounds(outs, lses, rank, red.lse_base, dt)
+        bounds = dcp_reduce_bounds(outs, lses, rank, lse_base=red.lse_base, out_dtype=dt)
         for name, mask in [*ops.STAGES.items(), ("epoch-only", 15), ("full", 0)]:
             ops._set_breakdown_stages(red, mask)
             for _ in range(5):
@@ -443,11 +425,11 @@ def breakdown_then_full(config: dict, T: int, seed: int) -> dict:
             torch.cuda.synchronize()
             dist.barrier()
             if mask in (0, ops.STAGE_INSTRUMENTED):
-                res[name] = not bool(_outside(got, bounds))
+                res[name] = not bool(outside_bounds(got, *bounds[:2]).any())
         ops._set_breakdown_stages(red, 0)
         red.check()
         got = red.reduce(outs[rank], lses[rank])
-        res["after"] = not bool(_outside(got, bounds))
+        res["after"] = not bool(outside_bounds(got, *bounds[:2]).any())
         red.check()
     return res
 
@@ -492,6 +474,6 @@ def a2a_combine_past_2_31() -> dict:
     )  # fmt: skip
     ref = combine(rp[:, 0].double(), rl[:, 0].double())
     lo, hi, lse_lo, lse_hi = combine_bounds(rp[:, 0], rl[:, 0])
-    ok = bool(((lo <= out[0]) & (out[0] <= hi)).all() and ((lse_lo <= out_lse[0]) & (out_lse[0] <= lse_hi)).all())
+    ok = not bool(outside_bounds(out[0], lo, hi).any() or outside_bounds(out_lse[0], lse_lo, lse_hi).any())
     return {"strides": 2 * rp.stride(0) >= 2**31 > rp.stride(0), "ok": ok, "got": out[0, 0, :3].tolist(),
             "ref": ref[0, :3].tolist()}  # fmt: skip

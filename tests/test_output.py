@@ -10,7 +10,15 @@ import pytest
 import rankfns_output as fns
 import torch
 
-from peerdcp.output.reference import combine, combine_bounds, dcp_reduce, dcp_reduce_bounds, sanitize_lse
+from peerdcp.output.reference import (
+    _weights,
+    combine,
+    combine_bounds,
+    dcp_reduce,
+    dcp_reduce_bounds,
+    outside_bounds,
+    sanitize_lse,
+)
 
 # ------------------------------------------------------------------------------------- the spec itself
 
@@ -61,11 +69,7 @@ def _fp32_combine(o, l, base, gen=None):
     random direction (``combine_bounds``' model): ``__expf``'s 2 + 1.173|d| ulp on each weight, 2 ulp on the
     division, ``__logf``'s 2^-21.41 absolute plus 3 ulp on the logarithm."""
     f = torch.float32
-    l = sanitize_lse(l.to(f))
-    m = l.max(dim=0).values
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    d = l - m  # rounded in fp32
-    w = torch.exp(d) if base == "e" else torch.exp2(d)
+    m, d, w, _ = _weights(l, base, f)  # d rounded in fp32
     ulp = 2.0**-23
 
     def signs(t):
@@ -88,11 +92,6 @@ def _fp32_combine(o, l, base, gen=None):
     return out, lse
 
 
-def _within(got, lo, hi) -> torch.Tensor:
-    g = got.double()
-    return (g >= lo.double()) & (g <= hi.double())
-
-
 @pytest.mark.parametrize("world", [2, 3, 8])
 @pytest.mark.parametrize("dtype,base", [(torch.bfloat16, "e"), (torch.float16, "2")])
 def test_bounds_hold_for_fp32_implementations_and_are_tight(world, dtype, base):
@@ -110,9 +109,8 @@ def test_bounds_hold_for_fp32_implementations_and_are_tight(world, dtype, base):
             l = torch.stack([x[:, r * H : (r + 1) * H] for x in lses])
             for g in (None, gen):
                 out, lse = _fp32_combine(o, l, base, g)
-                assert _within(out.to(dtype), lo, hi).all()
-                fin = torch.isfinite(lse_lo)
-                assert _within(lse[fin], lse_lo[fin], lse_hi[fin]).all() and torch.equal(lse[~fin], lse_lo[~fin])
+                assert not outside_bounds(out.to(dtype), lo, hi).any()
+                assert not outside_bounds(lse, lse_lo, lse_hi).any()  # -inf rows: -inf alone
             single += int((lo == hi).sum())
             total += lo.numel()
     assert single >= 0.95 * total, single / total
@@ -124,11 +122,7 @@ def _fp32_at_limits(o, l, base):
     ``(out fp32, exact fp64)``."""
     f, ulp = torch.float32, 2.0**-23
     exact = combine(o, l, lse_base=base)
-    l = sanitize_lse(l.to(f))
-    m = l.max(dim=0).values
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    d = l - m
-    w = torch.exp(d) if base == "e" else torch.exp2(d)
+    _, d, w, _ = _weights(l, base, f)
     d_e = d.double().abs() * (1.0 if base == "e" else math.log(2.0))
     err = torch.where(w > 0, (2 + torch.floor(1.173 * d_e)) * ulp, 0.0).unsqueeze(-1)
     w = (w.double().unsqueeze(-1) * (1 + torch.sign(o.double() - exact) * err)).to(f)  # [N, rows, D]
@@ -149,7 +143,7 @@ def test_bounds_contain_the_worst_case_at_fp32_and_are_within_5x_of_it(base):
             o, l = torch.stack([x[:, :4] for x in outs]), torch.stack([x[:, :4] for x in lses])
             lo, hi, _, _ = combine_bounds(o, l, lse_base=base, out_dtype=torch.float32)
             out, exact = _fp32_at_limits(o, l, base)
-            assert _within(out, lo, hi).all(), (W, seed)
+            assert not outside_bounds(out, lo, hi).any(), (W, seed)
             half = (hi.double() - lo.double()) / 2
             reached = ((out.double() - exact).abs() / half.clamp_min(1e-300))[half > 0].max()
             assert reached > 0.2, (W, seed, float(reached))
@@ -169,13 +163,13 @@ def test_bounds_follow_cancellation_and_catch_one_step():
     exact = combine(o, l).to(torch.bfloat16)
     steps = (got.view(torch.int16).int() - exact.view(torch.int16).int()).abs()
     assert int(steps.max()) >= 2  # "one rounding of the fp64 value" would reject a correct fp32 result
-    assert _within(got, lo, hi).all() and _within(lse, lse_lo, lse_hi).all()
+    assert not outside_bounds(got, lo, hi).any() and not outside_bounds(lse, lse_lo, lse_hi).any()
     outs, lses = fns.make_inputs(9, 2, 4, 3, 16, torch.bfloat16, adversarial=False)
     lo, hi, lse_lo, lse_hi = dcp_reduce_bounds(outs, lses, 0)
     one = lo == hi
     moved = (lo.view(torch.int16) + 1).view(torch.bfloat16)  # one step away from 0
-    assert int(one.sum()) > 0.9 * lo.numel() and not _within(moved[one], lo[one], hi[one]).any()
-    assert not _within(torch.nextafter(lse_hi, torch.tensor(float("inf"))), lse_lo, lse_hi).any()
+    assert int(one.sum()) > 0.9 * lo.numel() and outside_bounds(moved[one], lo[one], hi[one]).all()
+    assert outside_bounds(torch.nextafter(lse_hi, torch.tensor(float("inf"))), lse_lo, lse_hi).all()
     with pytest.raises(ValueError, match="disagree"):
         combine_bounds(torch.zeros(2, 3, 4), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="lse_base"):

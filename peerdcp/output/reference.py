@@ -32,6 +32,7 @@ __all__ = [
     "combine_bounds",
     "dcp_reduce",
     "dcp_reduce_bounds",
+    "outside_bounds",
     "rank_sources",
 ]
 
@@ -75,16 +76,8 @@ def combine(
         ``return_lse`` the merged ``lse [*rows]`` (-inf where every source is empty).
     """
     base = normalize_lse_base(lse_base)
-    o = torch.stack(list(outs)) if not isinstance(outs, torch.Tensor) else outs
-    l = torch.stack(list(lses)) if not isinstance(lses, torch.Tensor) else lses
-    if o.dim() < 2 or l.shape != o.shape[:-1]:
-        raise ValueError(f"outs [N, *rows, D] and lses [N, *rows] disagree: {tuple(o.shape)} vs {tuple(l.shape)}")
-    l = sanitize_lse(l.to(compute_dtype))
-    m = l.max(dim=0).values
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    d = l - m
-    w = torch.exp(d) if base == "e" else torch.exp2(d)  # exactly 0 for l == -inf
-    s = w.sum(dim=0)
+    o, l = _stacked(outs, lses)
+    m, _, w, s = _weights(l, base, compute_dtype)
     safe_s = torch.where(s > 0, s, torch.ones_like(s))
     o64 = o.to(compute_dtype)
     # torch.where, not w * o: a zero-weight source's payload (maybe NaN) must not reach the sum.
@@ -95,6 +88,25 @@ def combine(
     log_s = torch.log(safe_s) if base == "e" else torch.log2(safe_s)
     lse = torch.where(s > 0, m + log_s, torch.full_like(m, float("-inf")))
     return out, lse
+
+
+def _stacked(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(outs [N, *rows, D], lses [N, *rows])`` stacked from tensors or sequences; ValueError if they disagree."""
+    o = torch.stack(list(outs)) if not isinstance(outs, torch.Tensor) else outs
+    l = torch.stack(list(lses)) if not isinstance(lses, torch.Tensor) else lses
+    if o.dim() < 2 or l.shape != o.shape[:-1]:
+        raise ValueError(f"outs [N, *rows, D] and lses [N, *rows] disagree: {tuple(o.shape)} vs {tuple(l.shape)}")
+    return o, l
+
+
+def _weights(lses: torch.Tensor, base: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Steps 1-3 in ``dtype``: ``(m [*rows], d = l - m [N, *rows], w [N, *rows], S [*rows])``."""
+    l = sanitize_lse(lses.to(dtype))
+    m = l.max(dim=0).values
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    d = l - m
+    w = torch.exp(d) if base == "e" else torch.exp2(d)  # exactly 0 for l == -inf
+    return m, d, w, w.sum(dim=0)
 
 
 def rank_sources(
@@ -195,28 +207,22 @@ def combine_bounds(
     one value. Assumes no fp32 overflow (``sum_i w_i |o_i|`` below 3.4e38).
     """
     base = normalize_lse_base(lse_base)
-    o = torch.stack(list(outs)) if not isinstance(outs, torch.Tensor) else outs
-    l = torch.stack(list(lses)) if not isinstance(lses, torch.Tensor) else lses
-    if o.dim() < 2 or l.shape != o.shape[:-1]:
-        raise ValueError(f"outs [N, *rows, D] and lses [N, *rows] disagree: {tuple(o.shape)} vs {tuple(l.shape)}")
+    o, l = _stacked(outs, lses)
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise TypeError(f"out_dtype must be a floating-point torch.dtype, got {out_dtype!r}")
     n = o.shape[0]
     ln_b = 1.0 if base == "e" else math.log(2.0)
     out, lse = combine(o, l, lse_base=base, return_lse=True)
-    l = sanitize_lse(l.double())
-    m = l.max(dim=0).values
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    d = l - m
-    w = torch.exp(d) if base == "e" else torch.exp2(d)
-    s = w.sum(dim=0)
+    _, d, w, s = _weights(l, base, torch.float64)
     p = w / torch.where(s > 0, s, torch.ones_like(s))
     live = w > 0
     eps_w = torch.where(live, _U * (_EXP_ULPS[0] + _EXP_ULPS[1] * d.abs() * ln_b), torch.zeros_like(d))
     eps_s = (p * eps_w).sum(dim=0) + n * _U + n * _TINY
-    a_i = torch.where(live.unsqueeze(-1), p.unsqueeze(-1) * o.double().abs(), torch.zeros((), dtype=torch.float64))
+    # |o_i| of the sources that count (an empty source's payload may be NaN)
+    o_abs = torch.where(live.unsqueeze(-1), o.double().abs(), torch.zeros((), dtype=torch.float64))
+    a_i = p.unsqueeze(-1) * o_abs
     a = a_i.sum(dim=0)
-    o_live = torch.where(live.unsqueeze(-1), o.double().abs(), torch.zeros((), dtype=torch.float64)).sum(dim=0)
+    o_live = o_abs.sum(dim=0)
     rel = (a_i * eps_w.unsqueeze(-1)).sum(dim=0) + a * (eps_s + (2 * n + 8) * _U).unsqueeze(-1)
     err = rel * (1 + 2.0**-10) + _TINY * (o_live + n * a) + (2 * n + 8) * _SUB
     empty = (s == 0).unsqueeze(-1)
@@ -227,6 +233,13 @@ def combine_bounds(
     lse_err = torch.where(s > 0, lse_err, torch.zeros_like(lse_err))
     lse_lo, lse_hi = _round_ends(lse, lse_err, torch.float32)
     return out_lo, out_hi, lse_lo, lse_hi
+
+
+def outside_bounds(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the elements of ``x`` that are NaN or outside ``[lo, hi]`` (a :func:`combine_bounds` pair; an
+    all-empty row's ``lo == hi`` is 0 or -inf, so only exactly that value is inside). Compared in fp64."""
+    v = x.double()
+    return (v < lo.double()) | (v > hi.double()) | v.isnan()
 
 
 def dcp_reduce_bounds(

@@ -70,3 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # ``python -m peerdcp.cli`` runs like ``python -m peerdcp``
+    raise SystemExit(main())

@@ -1,7 +1,0 @@
-set -u
-source scripts/gpu_env.sh
-export PEERDCP_CACHE=$PWD/.jitcache
-OUT=${OUT:-$PWD/out}
-PEERDCP_SHARED_GPU=1 PEERDCP_GPU_WORLD=2 STAGE_TIMEOUT=200 TEST_TIMEOUT=150 bash scripts/gpu_check.sh "tests-topk:tests/test_topk_local_gpu.py tests/test_topk_gpu.py tests/test_topk_merge_gpu.py" "run:--world 2" 2>&1 | tail -4
-grep -E "^(FAILED|ERROR)|passed|failed" $OUT/tests-topk.log | head
-AB_DIRS="head:.jitcache/v-head tree:csrc" GREP='^ +[0-9]+ +[0-9]+ ' bash scripts/ab_bench.sh bench.topk --world 1 --no-merge --no-indexer --local --quick

@@ -38,6 +38,11 @@ fi
 if [ -n "$extras" ] && [ -f scripts/setup_sglang.sh ]; then
   bash scripts/setup_sglang.sh
 fi
+# bench/peers and tests/test_peers.py: vLLM 0.34.0's DCP file from its wheel into the ignored /.peers/ (one
+# ~240 MB download; tests/test_peers.py skips with the reason when it is absent, so a failure here is not fatal).
+if [ -n "$extras" ] && [ -f scripts/setup_peers.sh ]; then
+  bash scripts/setup_peers.sh || echo "setup: scripts/setup_peers.sh failed; tests/test_peers.py will skip" >&2
+fi
 if python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   python -c 'import cuda.bindings' 2>/dev/null || python -m pip install -q 'cuda-python>=12.6' || true
 fi

@@ -1,0 +1,159 @@
+"""Peers' DCP exchanges loaded for same-run baselines (issue 54), without their heavy packages.
+
+vLLM 0.34.0 ships its DCP Output exchange in ``vllm/v1/attention/ops/dcp.py``, whose module-level imports pull in
+vLLM's config, distributed state, platform probing and JIT-warmup runtime (torch 2.14 wheels, compiled ``_C``).
+The a2a pack (``_dcp_a2a_pack_send``) and combine (``_dcp_a2a_unpack_combine``) are plain Triton kernels that need
+none of that, so :func:`load_vllm_dcp` loads that one file from the wheel's extracted tree (``scripts/setup_peers.sh``
+puts it under ``/.peers/``; ``PEERDCP_PEERS`` overrides) after registering stand-in modules for the names it imports.
+The stand-ins are placeholders (no vLLM code): anything that would need the real runtime (the ``ag_rs`` path through
+``CorrectAttnCPOutKernel``, the direct symmetric-memory workspaces) is reported as not loadable by :func:`status`.
+
+Every loader returns ``(module or None, reason)`` so that a benchmark can say which peer it skipped and why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+
+VLLM_VERSION = "0.34.0"
+FLASHINFER_VERSION = "0.7.4"
+ROOT = Path(os.environ.get("PEERDCP_PEERS", Path(__file__).resolve().parents[2] / ".peers"))
+
+_VLLM_DCP = "vllm/v1/attention/ops/dcp.py"
+_cache: dict[str, tuple[types.ModuleType | None, str]] = {}
+
+
+class _Placeholder:
+    """A base class / callable standing in for a vLLM runtime name that the a2a kernels never use."""
+
+    def __class_getitem__(cls, _item):
+        return cls
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("a vLLM runtime placeholder was called: this path needs the real vLLM package")
+
+
+def _never(*args, **kwargs):
+    raise RuntimeError("a vLLM runtime placeholder was called: this path needs the real vLLM package")
+
+
+def _identity(fn):
+    """Stand-in for a decorator (``kernel_launcher``): the method stays as written, unregistered."""
+    return fn
+
+
+def _stub(name: str, **attrs) -> None:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    mod.__path__ = []  # a package, so that submodule stand-ins resolve
+    mod.__peerdcp_stub__ = True
+    sys.modules.setdefault(name, mod)
+
+
+def _install_vllm_stubs() -> None:
+    """Register the stand-ins for the modules ``dcp.py`` imports at module level (only where absent)."""
+    import triton
+    import triton.language as tl
+
+    class _Envs(types.ModuleType):
+        def __getattr__(self, name):  # every VLLM_* switch off: no direct / multicast path is chosen
+            if name.startswith("VLLM_"):
+                return False
+            raise AttributeError(name)
+
+    for pkg in ("vllm", "vllm.model_executor", "vllm.model_executor.warmup", "vllm.v1", "vllm.v1.attention",
+                "vllm.v1.attention.ops", "vllm.v1.worker"):
+        _stub(pkg)
+    sys.modules.setdefault("vllm.envs", _Envs("vllm.envs"))
+    _stub("vllm.config", VllmConfig=_Placeholder)
+    _stub("vllm.distributed", get_dcp_group=_never)
+    _stub("vllm.logger", init_logger=logging.getLogger)
+    _stub("vllm.model_executor.warmup.jit_warmup", WarmupIntRange=_Placeholder, kernel_launcher=_identity)
+    _stub("vllm.model_executor.warmup.jit_warmup_triton_helper", LaunchSpec=_Placeholder,
+          TritonWarmupTensor=_Placeholder, VllmTritonJitKernel=_Placeholder, triton_scalar_specialization_rep=_never)
+    _stub("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=True)
+    _stub("vllm.v1.attention.backend", max_decode_query_len=_never)
+    _stub("vllm.v1.attention.ops.cp_common", DirectCPWorkspace=_Placeholder,
+          direct_cp_enabled=lambda *a, **k: False, direct_cp_multicast_enabled=lambda *a, **k: False)
+    _stub("vllm.v1.worker.ubatching", dbo_current_ubatch_id=lambda: 0)
+
+
+def load_vllm_dcp() -> tuple[types.ModuleType | None, str]:
+    """vLLM's ``vllm.v1.attention.ops.dcp`` module, or ``(None, why)``.
+
+    The real package is used when it imports (a full vLLM install); otherwise the file extracted under ``ROOT``
+    with the stand-ins of :func:`_install_vllm_stubs`.
+    """
+    if "vllm_dcp" in _cache:
+        return _cache["vllm_dcp"]
+    res: tuple[types.ModuleType | None, str]
+    if importlib.util.find_spec("vllm") is not None and "vllm" not in sys.modules:
+        try:
+            import vllm.v1.attention.ops.dcp as mod  # a real install
+
+            res = (mod, f"vllm {getattr(sys.modules['vllm'], '__version__', '?')} (installed)")
+        except Exception as e:  # noqa: BLE001 - any import failure is a reason to report
+            res = (None, f"installed vllm does not import its dcp module: {type(e).__name__}: {e}")
+        _cache["vllm_dcp"] = res
+        return res
+    path = ROOT / _VLLM_DCP
+    if not path.is_file():
+        res = (None, f"vllm {VLLM_VERSION} not extracted ({path} missing; run scripts/setup_peers.sh)")
+    else:
+        try:
+            _install_vllm_stubs()
+            spec = importlib.util.spec_from_file_location("vllm.v1.attention.ops.dcp", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            res = (mod, f"vllm {VLLM_VERSION} dcp.py from {ROOT} (a2a kernels only; ag_rs needs vLLM's runtime)")
+        except Exception as e:  # noqa: BLE001
+            sys.modules.pop("vllm.v1.attention.ops.dcp", None)
+            res = (None, f"vllm {VLLM_VERSION} dcp.py does not load: {type(e).__name__}: {e}")
+    _cache["vllm_dcp"] = res
+    return res
+
+
+def vllm_a2a_rank(mod: types.ModuleType, sends_to_me, head_dim: int, out=None):
+    """Rank-local half of vLLM's a2a after the exchange: ``_dcp_a2a_unpack_combine`` of the received buffer.
+
+    Args:
+        sends_to_me: ``[W, T, H/W, D + P]`` what each source rank packed for this rank (P = 2 for 16-bit outputs).
+    Returns: ``(out [T, H/W, D], lse [T, H/W] fp32)``, natural-log LSE.
+    """
+    pack = mod._dcp_a2a_lse_pack_dim(sends_to_me.dtype)
+    return mod._dcp_a2a_unpack_combine(sends_to_me, head_dim, pack, True, True, out)
+
+
+def vllm_a2a_pack(mod: types.ModuleType, out, lse, world_size: int):
+    """vLLM's ``_dcp_a2a_pack_send``: ``out [T, H, D]`` bf16/fp16 + ``lse [T, H]`` -> send ``[W, T, H/W, D + P]``."""
+    import torch
+
+    T, H, D = out.shape
+    if H % world_size:
+        raise ValueError(f"H={H} must be divisible by world_size={world_size}")
+    pack = mod._dcp_a2a_lse_pack_dim(out.dtype)
+    send = torch.empty((world_size, T, H // world_size, D + pack), device=out.device, dtype=out.dtype)
+    mod._dcp_a2a_pack_send(out, lse, send, world_size, H // world_size, D, pack)
+    return send
+
+
+def status() -> list[tuple[str, bool, str]]:
+    """``(peer, loadable, reason)`` for every peer of issue 54, for a benchmark's header."""
+    mod, why = load_vllm_dcp()
+    rows = [("vllm-a2a", mod is not None, why)]
+    rows.append(("vllm-ag_rs", False, "cp_lse_ag_out_rs runs through vLLM's JIT-warmup kernel runtime "
+                 "(vllm.platforms, vllm.envs): not loadable without the full vLLM package"))
+    rows.append(("vllm-direct", False, "DirectDCPA2AWorkspace (symmetric memory, vLLM's compiled torch.ops._C, "
+                 "built for torch 2.14): not loaded by bench/peers"))
+    rows.append(("flashinfer-a2a", False, f"flashinfer-python {FLASHINFER_VERSION} holds decode_cp_a2a_lse_reduce "
+                 "(flashinfer/comm/dcp_lse_reduce.py) but JIT-builds it against NCCL's device API: not wired yet"))
+    return rows

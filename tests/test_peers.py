@@ -14,6 +14,8 @@ faults give O(1) errors, at 3 bf16 ulps of the largest output.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,8 +25,8 @@ from peerdcp.output import reference as ref
 
 @pytest.fixture(scope="module")
 def vllm_dcp():
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 on a CPU machine")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs under TRITON_INTERPRET=1 (test_peers_under_interpreter starts that process)")
     from bench import peers
 
     mod, why = peers.load_vllm_dcp()
@@ -76,3 +78,19 @@ def test_vllm_pack_rejects_bad_heads(vllm_dcp) -> None:
 
     with pytest.raises(ValueError, match="world_size"):
         peers.vllm_a2a_pack(vllm_dcp, torch.zeros(1, 3, 8, dtype=torch.bfloat16), torch.zeros(1, 3), 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the tests above run in this process")
+def test_peers_under_interpreter() -> None:
+    """On CPU, this file again in a child process under TRITON_INTERPRET=1 (the mode is fixed per process)."""
+    from bench import peers
+
+    _, why = peers.load_vllm_dcp()
+    if not (peers.ROOT / "vllm").is_dir():
+        pytest.skip(why)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                       env=env, capture_output=True, text=True, timeout=300)
+    # 4 = the layout cases, the bound finding, the argument check; only this test skips in the child
+    assert r.returncode == 0 and "4 passed, 1 skipped" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

@@ -562,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg["kernels_all_memories"] = ["cuda"] if a.quick else ["cuda", "triton"]
     hdr = header()
     hdr["sglang_kernels"] = bool(load_sglang_kernels(a.sglang_kernels))
+    # issue 54's peers: each checked against peerdcp's bound on this device before it could be timed
+    from bench import peers
+
+    hdr["peers"] = peers.report_lines("cuda" if torch.cuda.is_available() else None)
     res = run_ranks("bench.output:rank_main", a.world, cfg)
     rows = res[0]
     _ratios(rows)
@@ -598,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_table(rows, mode))
     print()
     print("\n".join(_verdict(rows)))
+    print("\n".join(hdr["peers"]))
     print(f"json: {out / 'output.json'}")
     return 0
 

@@ -13,8 +13,8 @@ table. Variants (each checked byte-for-byte against allgather-fused on the same 
 * ``direct-cuda-auto-vmm-<tuning>``: the CUDA auto exchange with one ``gather.TUNING`` change (read at
   construction): ``nopdl`` / ``allpdl``, ``noll`` / ``allll``, ``noll12`` / ``allll12``, ``allll128``,
   ``plain`` (the fenced push at every T), ``allsn`` (the sentinel push at every T) / ``sn`` (above LL) /
-  ``nosn`` (session 7's default), ``sn-p2`` (2 blocks per SM), ``sn-nopdl``, ``sn8`` / ``sn16`` (8- / 16-byte
-  stores only), ``sn-whole`` (an SN call launches the object's whole grid, session 11; the default cuts it),
+  ``nosn`` (the former default), ``sn-p2`` (2 blocks per SM), ``sn-nopdl``, ``sn8`` / ``sn16`` (8- / 16-byte
+  stores only), ``sn-whole`` (an SN call launches the object's whole grid; the default cuts it),
   ``sn-u1`` / ``-u2`` / ``-u3`` (ceil(T * H / n) blocks, no floor), ``noearly``, ``p1`` / ``p3`` / ``p4``
   (grid), ``allsn-p4``;
 * ``allgather-fused``: pack + NCCL all-gather of the bf16 shards + one fused Triton RoPE/convert kernel;
@@ -90,7 +90,7 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     v.append(("direct-cuda-auto-vmm-sn-nopdl", dict(cu, tuning={"cuda_sn_pdl": False})))
     v.append(("direct-cuda-auto-vmm-sn8", dict(cu, tuning={"cuda_sn_wide_min_bytes": big})))  # 8-byte stores only
     v.append(("direct-cuda-auto-vmm-sn16", dict(cu, tuning={"cuda_sn_wide_min_bytes": 0})))  # 16-byte only
-    # an SN call's grid: the object's whole grid (session 11); ceil(T * H / n) blocks with no floor
+    # an SN call's grid: the object's whole grid; ceil(T * H / n) blocks with no floor
     v.append(("direct-cuda-auto-vmm-sn-whole", dict(cu, tuning={"cuda_sn_units_per_block": 0})))
     for n in (1, 2, 3):
         cut = {"cuda_sn_units_per_block": n, "cuda_sn_min_blocks_per_sm": 0}
@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     for i, r in enumerate(rows):
         r["ok"] = None if r["ok"] is None else all(res[i]["ok"] for res in results)
     hdr = header()
+    from bench import peers
+
+    hdr["peers"] = [f"peer {n}: skipped: {why}" for n, why in peers.QUERY_PEERS]
     hdr["wall_s"] = round(time.time() - t0, 1)
     hdr["config"] = cfg
     from pathlib import Path
@@ -385,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         "bytes_ok",
     ]
     print(format_table(summary(rows, key[0], key[1], "graph"), cols))
+    print("\n".join(hdr["peers"]))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ candidates or without nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs 
 --no-indexer --local``). ``--local-force F,L`` force-includes each row's first F and last L tokens (scored +inf).
 ``--local-scores indexer`` takes part 2's indexer scores (``Σ_h w_h · ReLU(q_h · k_s) · scale_s`` over random FP8 key
 bytes with power-of-two scales, 64 heads) instead of normal ones: a few far outliers, which the selection's bucket
-pass handled by its slow fallback (session 31).
+pass handled by its slow fallback.
 
 Every timing is the median over replays of the slowest rank, CUDA graphs (``--eager`` adds eager runs);
 the selection of every compared path is checked for equality first (column ``exact``). Prints the tables
@@ -261,7 +261,7 @@ def indexer_rank(cfg: dict) -> list[dict]:
                         ("sh_pipe", sh_pipe),
                     ):
                         row[name] = _time(cfg, fn)
-                    if cfg.get("publish_paths"):  # TopK.select's other paths (RESULTS.md session 26)
+                    if cfg.get("publish_paths"):  # TopK.select's other paths, timed for RESULTS.md
                         from peerdcp.topk import ops as topk_ops
 
                         for name, tune in (
@@ -472,6 +472,9 @@ def _smoke(cfg: dict, world: int) -> dict:
 
 def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
     hdr = header()
+    from bench import peers
+
+    hdr["peers"] = [f"peer {n}: skipped: {why}" for n, why in peers.TOPK_PEERS]
     hdr["world"] = args.world or 2
     from pathlib import Path
 
@@ -496,6 +499,7 @@ def _report(res: dict, cfg: dict, args: argparse.Namespace, t0: float) -> int:
     print(f"# bench.topk  {hdr.get('gpu', 'no GPU')} x{hdr['world']}  torch {hdr['torch']}  triton {hdr['triton']}")
     print(f"# wall {time.time() - t0:.0f} s (merge {res['seconds'][0]:.0f} s, indexer {res['seconds'][1]:.0f} s)")
     print(f"# json: {outdir / 'topk.json'}")
+    print("\n".join(f"# {line}" for line in hdr["peers"]))
     if index:
         print("\nIndexer pipeline (µs; score_ratio target <= score_target; bytes per rank)")
         cols = ["model", "ctx", "rows", "exact", "empty", "rep_score", "sh_score", "score_ratio", "score_target"]

@@ -1,8 +1,8 @@
 """The Top-K benchmark's code paths on CPU (two gloo ranks, the Triton interpreter, tiny sizes): it runs to the
 end, every compared selection is exact, and its JSON is standard (no NaN). Times mean nothing here.
 
-(Session 8: a Triton import in the benchmark's parent process broke its CPU ranks' interpreter launches; only
-a GPU run would have shown it otherwise.)"""
+(A Triton import in the benchmark's parent process breaks its CPU ranks' interpreter launches; without this
+test only a GPU run would show it.)"""
 
 from __future__ import annotations
 

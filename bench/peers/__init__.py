@@ -157,3 +157,54 @@ def status() -> list[tuple[str, bool, str]]:
     rows.append(("flashinfer-a2a", False, f"flashinfer-python {FLASHINFER_VERSION} holds decode_cp_a2a_lse_reduce "
                  "(flashinfer/comm/dcp_lse_reduce.py) but JIT-builds it against NCCL's device API: not wired yet"))
     return rows
+
+
+def check_vllm_a2a(device: str, world: int = 2, T: int = 4, H: int = 8, D: int = 512) -> tuple[bool | None, str]:
+    """vLLM's a2a pack + combine for ``world`` simulated ranks on ``device`` against peerdcp's fp32 bound.
+
+    Returns ``(True, detail)`` inside the bound on every rank, ``(False, detail)`` for a different answer (the
+    benchmark reports it and does not time it), ``(None, why)`` when the peer does not load.
+    """
+    import torch
+
+    from peerdcp.output import reference as ref
+
+    mod, why = load_vllm_dcp()
+    if mod is None:
+        return None, why
+    g = torch.Generator().manual_seed(54)
+    outs = [torch.randn(T, H, D, generator=g).to(torch.bfloat16).to(device) for _ in range(world)]
+    lses = [(3 * torch.randn(T, H, generator=g)).to(device) for _ in range(world)]
+    sends = [vllm_a2a_pack(mod, outs[s], lses[s], world) for s in range(world)]
+    n_bad, n, err = 0, 0, 0.0
+    for r in range(world):
+        got = torch.full((T, H // world, D), float("nan"), dtype=torch.bfloat16, device=device)
+        got, _ = vllm_a2a_rank(mod, torch.stack([sends[s][r] for s in range(world)]), D, out=got)
+        lo, hi, _, _ = ref.dcp_reduce_bounds([o.cpu() for o in outs], [x.cpu() for x in lses], r)
+        n_bad += int(ref.outside_bounds(got.cpu(), lo, hi).sum())
+        n += got.numel()
+        want = ref.combine(*ref.rank_sources([o.cpu() for o in outs], [x.cpu() for x in lses], r))
+        err = max(err, float((got.cpu().double() - want).abs().max()))
+    detail = f"W={world} T={T} H={H} D={D}: {n_bad}/{n} outside peerdcp's fp32 bound, max |err| {err:.4g}"
+    return n_bad == 0, detail
+
+
+def report_lines(device: str | None = None) -> list[str]:
+    """One line per peer for a benchmark's report: loaded, checked (when ``device``), or skipped and why."""
+    lines = []
+    for name, ok, why in status():
+        if name == "vllm-a2a" and ok and device is not None:
+            res, detail = check_vllm_a2a(device)
+            verdict = "correct" if res else "DIFFERENT ANSWER, not timed"
+            lines.append(f"peer {name}: {verdict} ({detail})")
+        else:
+            lines.append(f"peer {name}: {'loaded' if ok else 'skipped'}: {why}")
+    return lines
+
+
+QUERY_PEERS = [("vllm-fused_q", "vllm.models.deepseek_v32.common.kernels fused_q + NCCL all-gather: not loaded yet")]
+TOPK_PEERS = [
+    ("vllm-topk-ag", "pack_dcp_topk_candidates_cutedsl + stable_topk_from_gathered_candidates_cutedsl (CuTeDSL, "
+     "needs nvidia-cutlass-dsl): not loaded yet"),
+    ("vllm-topk-direct", "DirectDCPTopKWorkspace (symmetric-memory inboxes): not loaded yet"),
+]

@@ -53,75 +53,61 @@ BACKENDS = ("auto", "direct", "allgather")
 IMPLS = ("auto", "cuda", "triton", "torch")
 EXCHANGES = ("auto", "raw", "roped", "push")
 OUT_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
-# exchange="auto" on an object with push slots (below): "push" for T > AUTO_PUSH_RAW_MAX_TOKENS, else raw.
-# Push measured fastest at every T on 2 x H200 (bench.query, 32 heads/rank, FP8, graph, 2026-11-30 session 6,
-# all byte-exact): push / raw / roped 4.93 / 5.51 / 5.36 us at T = 1, 6.64 / 8.00 / 8.10 at 8, 8.78 / 10.90 /
-# 9.31 at 32, 11.47 / 15.45 / 11.70 at 64, 15.76 / 24.63 / 15.26 at 128, 24.85 / 43.68 / 27.20 at 256.
+# The figures below: 2 x H200, bench.query, 32 heads/rank, FP8 unless said, CUDA graph, us per call (the full
+# tables: bench/RESULTS.md, Query gather).
+# exchange="auto" on an object with push slots (below): "push" for T > AUTO_PUSH_RAW_MAX_TOKENS, else raw. Push
+# was fastest at every T, all byte-exact: push / raw / roped 4.93 / 5.51 / 5.36 at T = 1, 24.85 / 43.68 / 27.20
+# at 256.
 AUTO_PUSH_RAW_MAX_TOKENS = 0
 # Without push slots: T <= AUTO_RAW_MAX_TOKENS moves the raw bf16 shard (the producer only copies before it
 # signals: shortest latency); larger T moves rows the producer already rotated and converted (FP8: half the
-# NVLink bytes). Measured (session 3, both byte-exact): raw 5.86 / 8.18 / 11.26 / 15.51 / 44.14 us vs roped
-# 5.81 / 8.57 / 10.06 / 11.27 / 27.29 us at T = 1 / 8 / 32 / 64 / 256.
+# NVLink bytes). Raw / roped: 8.18 / 8.57 at T = 8, 11.26 / 10.06 at 32, 44.14 / 27.29 at 256.
 AUTO_RAW_MAX_TOKENS = 8
 # exchange="auto" sizes slots 0/1 for push when that costs at most PUSH_AUTO_MAX_GROWTH times a raw slot (a
 # push slot holds W sources' rows of the out dtype: W * out-size / 2 raw slots; 1x for W = 2 FP8). 1: only
 # where push is free. W = 2 BF16 (2x) takes roped above the flag-in-data bounds (below), where roped measured
-# 0.4-1.2 us faster than plain push at T = 32-128 (session 6, calls 3 and 9).
+# 0.4-1.2 us faster than plain push at T = 32-128.
 PUSH_AUTO_MAX_GROWTH = 1
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # read at construction: calls with T <= "cuda_pdl_max_tokens" launch the CUDA direct kernel with
 # programmatic dependent launch (the next call's launch overlaps this one's tail; csrc/query_direct.cu says
-# why the protocol is unchanged); 0 turns it off. Measured on 2 x H200 (bench.query, 32 heads/rank, FP8,
-# graph, same run, 2026-11-30 session 5): with / without PDL 5.54 / 5.90 us at T = 1, 8.03 / 8.05 at 8,
-# 9.40 / 9.89 at 32, but 12.31 / 11.35 at 64, 17.76 / 15.49 at 128, 28.74 / 27.27 at 256 (cause not measured).
-# Push calls with the CUDA kernel move their finished rows by one of three flag-in-data protocols when they
-# fit (no fence, no ready flag; read at construction, bytes of finished rows per source = T * H * D *
-# out-size, an int or a dict by out dtype name, 0 = off), else by the fenced push (or, without push slots, raw
-# / roped):
-# "cuda_ll_max_bytes": LL - 16-byte lines {data, flag, data, flag}, half the bytes are flags.
-# "cuda_ll12_max_bytes": LL12 - lines {3 data words, flag}: a quarter are flags (calls above the LL bound).
-# "cuda_ll128_max_bytes": LL128 - 128-byte lines of 15 data words + a flag word (calls above both).
-# Measured on 2 x H200 (bench.query, 32 heads/rank, graph, 2026-11-30 session 7, us; LL / LL12 / LL128 /
-# plain push): FP8 3.41 / 3.90 / 6.43 / 4.93 at T = 1, 4.23 / 4.49 / 6.64 / 6.61 at 8, 5.05 / 5.00 / 7.03 /
-# 7.35 at 16, 7.04 / 6.05 / 7.92 / 8.68 at 32, 11.02 / 8.89 / 11.15 / 11.45 at 64, 14.76 / 12.28 / 12.72 /
-# 13.45 at 96, 20.03 / 15.52 / 15.56 / 15.57 at 128, 28.03 / 23.97 / 21.05 / 19.22 at 192; BF16 (no push
-# slots at W = 2: roped above the bounds) 3.73 / 3.72 / 6.39 / 5.26 (roped) at T = 1, 5.23 / 4.58 at 8,
-# 7.16 / 5.70 at 16, 11.90 / 8.05 / 10.38 / 10.23 at 32, 15.62 / 11.54 / 12.42 / 12.43 at 48, 21.46 / 15.47 /
-# 14.98 / 14.32 at 64. So: FP8 LL up to 16 tokens (at 32 heads), LL12 up to 128 (until session 11: now SN,
-# below); BF16 LL12 up to 48; LL128 (a fixed ~6.4 us, cause not found: see csrc/query_lines.cuh) off.
-# "cuda_sn_max_bytes": SN, the sentinel push (calls above the LL bound, before LL12) - every 8 output bytes
-# travel as they are and replace a rest pattern in the peer's sentinel area, which the consumer puts back
-# (csrc/query_lines.cuh): no flag bytes at all. BF16: a 0xFFFF half (a NaN the input may carry) is sent as the
-# canonical NaN 0x7FC0 - the one case where its bytes differ from the other exchanges'. Its area costs
-# 2 * W * the bound in bytes (W = 2, 32 heads, 256 tokens: 18.9 MB FP8, 37.7 MB BF16). BF16 (session 11, call 7,
-# 32 heads, SN at every T against the then default LL12 <= 48 tokens, roped above): 3.48 / 3.80 us at T = 1,
-# 4.40 / 4.61 at 8, 7.02 / 8.09 at 32, 10.66 / 14.49 at 64, 18.41 / 23.71 at 128, 36.03 / 42.62 at 256.
-# Measured (2026-11-30 session 11, call 1, FP8 32 heads, graph, us; SN at every T with 2 / 4 blocks per SM
-# against the session-7 default LL <= 16, LL12 <= 128, push):
-# 3.41 / 3.30 vs 3.45 at T = 1, 3.92 / 4.00 vs 4.23 at 8, 4.49 / 4.45 vs 5.08 at 16, 6.08 / 5.30 vs 6.06 at
-# 32, 7.89 / 7.73 vs 8.85 at 64, 13.29 / 11.98 vs 15.54 at 128, 24.31 / 21.88 vs 24.28 at 256. So FP8: SN
-# from T = 1 to 256 tokens at 32 heads (LL off), with
+# why the protocol is unchanged); 0 turns it off. With / without PDL: 5.54 / 5.90 at T = 1, 9.40 / 9.89 at 32,
+# but 12.31 / 11.35 at 64 and 17.76 / 15.49 at 128 (cause not measured).
+# Push calls with the CUDA kernel move their finished rows by a flag-in-data protocol when they fit (no fence,
+# no ready flag; read at construction, bytes of finished rows per source = T * H * D * out-size, an int or a
+# dict by out dtype name, 0 = off), tried in this order, else by the fenced push (or, without push slots, raw /
+# roped); a protocol is used only up to the tokens its bound allows above the ones before it:
+# "cuda_ll_max_bytes": LL - 16-byte lines {data, flag, data, flag}, half the bytes are flags. Off: SN was
+#   faster at every T it was measured at (LL / SN 3.45 / 3.30 at T = 1, 4.23 / 4.00 at 8, 5.08 / 4.45 at 16).
+# "cuda_sn_max_bytes": SN, the sentinel push - every 8 output bytes travel as they are and replace a rest
+#   pattern in the peer's sentinel area, which the consumer puts back (csrc/query_lines.cuh): no flag bytes at
+#   all. BF16: a 0xFFFF half (a NaN the input may carry) is sent as the canonical NaN 0x7FC0 - the one case
+#   where its bytes differ from the other exchanges'. Its area costs 2 * W * the bound in bytes (W = 2, 32
+#   heads, 256 tokens: 18.9 MB FP8, 37.7 MB BF16). SN at every T against LL <= 16 / LL12 <= 128 / fenced push:
+#   3.30 vs 3.45 at T = 1, 5.30 vs 6.06 at 32, 11.98 vs 15.54 at 128, 21.88 vs 24.28 at 256; BF16 against
+#   LL12 <= 48 / roped: 3.48 vs 3.80 at T = 1, 10.66 vs 14.49 at 64, 36.03 vs 42.62 at 256.
+# "cuda_ll12_max_bytes": LL12 - lines {3 data words, flag}: a quarter are flags. Below the SN bounds, so with
+#   these defaults only an object with SN turned off uses it (FP8 up to 128 tokens, BF16 up to 48: where it
+#   beat LL, LL128 and the plain push, e.g. FP8 8.89 vs 11.02 / 11.15 / 11.45 at T = 64).
+# "cuda_ll128_max_bytes": LL128 - 128-byte lines of 15 data words + a flag word. Off: it costs a fixed ~6.4 us
+#   (6.43 vs 3.41 for LL at T = 1; cause not found, csrc/query_lines.cuh).
 # "cuda_sn_programs_per_sm": the grid of an object that uses SN, blocks per SM (capped by how many fit at
-# once: the interleaved FP8 kernel takes 64 registers, so 4; NeoX 100, so 2); other objects keep 2 (the
-# session-7 default with 4 per SM: 8.17 vs 6.06 us at T = 32, 10.49 vs 8.85 at 64).
-# "cuda_sn_pdl": SN calls launch with PDL at every T (else by "cuda_pdl_max_tokens"): session 11, call 2, FP8 32
-# heads, with / without above T = 32: 7.26 / 7.74 us at 64, 11.36 / 11.74 at 128, 21.85 / 22.35 at 256,
-# 39.97 / 40.80 at 512 (16 and 64 heads alike).
+#   once: the interleaved FP8 kernel takes 64 registers, so 4; NeoX 100, so 2); other objects keep 2 (the LL /
+#   push kernels with 4 per SM vs 2: 8.17 vs 6.06 at T = 32, 10.49 vs 8.85 at 64).
+# "cuda_sn_pdl": SN calls launch with PDL at every T (else by "cuda_pdl_max_tokens"): with / without above
+#   T = 32: 7.26 / 7.74 at 64, 11.36 / 11.74 at 128, 21.85 / 22.35 at 256 (16 and 64 heads alike).
 # "cuda_sn_wide_min_bytes": SN calls above this many bytes per source publish pairs of words with one 16-byte
-# store per thread (interleaved RoPE only; NeoX calls always 8-byte): session 11, call 3, FP8 32 heads, 16- /
-# 8-byte: 3.55 / 3.32 us at T = 1, 4.11 / 4.00 at 8, 5.39 / 5.32 at 32, 7.24 / 7.30 at 64, 10.89 / 11.35 at
-# 128, 19.68 / 21.76 at 256 (separate processes, the default in both).
+#   store per thread (interleaved RoPE only; NeoX calls always 8-byte): 16- / 8-byte 3.55 / 3.32 at T = 1,
+#   7.24 / 7.30 at 64, 10.89 / 11.35 at 128, 19.68 / 21.76 at 256.
 # "cuda_sn_units_per_block" / "cuda_sn_min_blocks_per_sm": an SN call launches ceil(T * H / 2) blocks, but at
-# least min(T * H, one per SM), not the object's whole grid (sized for 256 tokens: 4 per SM); the object's call
-# counters still count every call (csrc/query_common.cuh, enter_call). Session 12, calls 1-2, FP8 32 heads, graph,
-# us, whole grid / one unit per block / 2 / 3 / one unit per block and at most 1 per SM: 3.38 / 3.32 / 3.48 / 3.56
-# / 3.30 at T = 1, 3.48 / 3.42 / 3.44 / 3.51 / 3.36 at 2, 3.79 / 3.64 / 3.61 / 3.59 / 3.61 at 4, 4.09 / 3.94 /
-# 3.83 / 3.88 / 3.82 at 8, 4.54 / 4.53 / 4.38 / 4.37 / 4.82 at 16, 5.43 / 5.44 / 5.43 / 5.45 / 6.26 at 32, 11.01
-# / 11.11 / 10.97 / 11.03 at 128: fewer, fuller blocks pay at T = 4-24, a block per unit at T <= 2, the whole
-# grid from 32 tokens on (which this rule reaches there). 0: the whole grid at every T (session 11).
-# "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin barrier
-# (session 7, FP8 with / without: 3.49 / 3.58 us at T = 1, 4.32 / 4.41 at 8, 5.14 / 5.25 at 16).
+#   least min(T * H, one per SM), not the object's whole grid (sized for 256 tokens: 4 per SM); the object's
+#   call counters still count every call (csrc/query_common.cuh, enter_call). Whole grid / one unit per
+#   block / two: 3.38 / 3.32 / 3.48 at T = 1, 4.09 / 3.94 / 3.83 at 8, 5.43 / 5.44 / 5.43 at 32: fewer, fuller
+#   blocks pay at T = 4-24, a block per unit at T <= 2, the whole grid from 32 tokens on (which this rule
+#   reaches there). 0: the whole grid at every T.
+# "cuda_ll_early": LL / SN push calls load their first round of inputs before the kernel's epoch / cos-sin
+#   barrier (with / without: 3.49 / 3.58 at T = 1, 5.14 / 5.25 at 16).
 _ROWS = 32 * 576  # one token's rows at 32 heads of nope 512 + rope 64, in elements
 TUNING = {
     "cuda_pdl_max_tokens": 32,

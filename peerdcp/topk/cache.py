@@ -275,59 +275,46 @@ _UPCAST: dict[tuple, bool] = {}  # (device index, BLOCK_H) -> the FP8 dot failed
 _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUNING["scan_maxnreg"]
 
 
-# The scoring kernel's work split on GPU: "scan_group" pages per dot (the same for every call, so a token's
-# score does not depend on the call's size: owner-sharded and replicated scans agree bit for bit) and
-# "scan_npage" pages per program (0: _scan_npage). Measured on 2 x H200 (scripts/diag/score_sweep.py, session
-# 8 call 5, DeepSeek-V3.2 indexer, us replicated / owner-sharded): 1 page per dot with the policy 3.40 / 2.89 at
-# 1 row x 32K, 16.2 / 9.7 at 8 x 32K, 46.7 / 27.4 at 32 x 32K, 677 / 347 at 128 x 128K; 2 pages per dot is
-# 7-15 % faster up to 8 rows and 5-25 % slower from 32 rows; 4 pages per program and more cost 1-10 us at 1 row.
-# "scan_stages": the page loop's software-pipeline depth (num_stages; 0 = Triton's default, 3 on Hopper). 2 measured
-# faster or equal everywhere (session 8 call 7, us replicated / owner-sharded, default -> 2): 46.8 / 27.4 -> 46.0 /
-# 25.2 at 32 x 32K, 89.5 / 48.2 -> 87.8 / 44.0 at 64 x 32K, 46.7 / 27.2 -> 46.1 / 25.1 at 8 x 128K, 707 / 344 ->
-# 642 / 329 at 128 x 128K; 1 row (one page per program, no loop): unchanged.
-# "scan_npages" / "scan_min_programs_per_sm" / "..._small": the policy _scan_npage. Session 14 (score_sweep, 3 rounds,
-# us replicated / owner-sharded, session 8's policy {1, 4, 16} at >= 8 per SM -> this one with the small floor at 4):
-# 16.25 / 9.66 -> 13.32 / 8.21 at 8 x 32K, 9.52 / 4.86 -> 8.25 / 4.81 at 1 x 128K, 46.13 / 25.24 -> 43.59 / 24.82 at
-# 32 x 32K, 88.07 / 43.83 -> 81.62 / 45.58 at 64 x 32K, 166.1 / 89.3 -> 164.4 / 83.6 at 128 x 32K, 46.23 / 25.10 ->
-# 43.24 / 24.72 at 8 x 128K, 164.7 / 89.3 -> 163.7 / 83.1 at 32 x 128K; unchanged choices at 64 and 128 x 128K and 1 x
-# 32K. 4 pages per program at ~31 programs per SM measured slower than 2 (8 x 128K: 46.3 vs 43.2 replicated), so 4 is
-# not a candidate. (bench/results/2026-11-30/s14/call4.) The small floor (call 6, 1-8 rows x 32K-128K): 2 pages per
-# program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs 4.77, 2 x 32K replicated 4.29 vs 4.62, 4 x 32K sharded
-# 4.52 vs 4.76) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49): 3 per SM (396 on H200).
+# The scoring kernel's work split and backend. Figures: DeepSeek-V3.2 indexer (64 heads x 128, FP8) unless said,
+# us replicated / owner-sharded, 2 x H200 or a one-GPU emulation of W = 2 (scripts/diag/score_sweep.py; the
+# tables: bench/RESULTS.md, Top-K indexer scan).
+# "scan_group": pages per dot, the same for every call, so a token's score does not depend on the call's size
+# (owner-sharded and replicated scans agree bit for bit). 1 page per dot: 3.40 / 2.89 at 1 row x 32K, 46.7 / 27.4
+# at 32 x 32K, 677 / 347 at 128 x 128K; 2 pages per dot is 7-15 % faster up to 8 rows and 5-25 % slower from 32
+# rows. "scan_npage": pages per program (0: _scan_npage).
+# "scan_stages": the page loop's software-pipeline depth (num_stages; 0 = Triton's default, 3 on Hopper). 2 is
+# faster or equal everywhere (default -> 2: 46.8 / 27.4 -> 46.0 / 25.2 at 32 x 32K, 707 / 344 -> 642 / 329 at
+# 128 x 128K; 1 row, one page per program and no loop: unchanged).
+# "scan_npages" / "scan_min_programs_per_sm" / "..._small": the policy _scan_npage. Against {1, 4, 16} at >= 8
+# programs per SM: 8 x 32K 16.25 / 9.66 -> 13.32 / 8.21, 32 x 32K 46.13 / 25.24 -> 43.59 / 24.82, 64 x 32K
+# 88.07 / 43.83 -> 81.62 / 45.58, 8 x 128K 46.23 / 25.10 -> 43.24 / 24.72. 4 pages per program at ~31 programs
+# per SM measured slower than 2 (8 x 128K: 46.3 vs 43.2 replicated), so 4 is not a candidate. The small floor,
+# 3 per SM (396 programs on H200): 2 pages per program beat 1 from 512 programs on (1 x 128K sharded 4.39 vs
+# 4.77, 2 x 32K replicated 4.29 vs 4.62) and lose at 256 and fewer (2 x 32K sharded 3.60 vs 3.49).
 # "scan_wave_npages" / "scan_resident_per_sm": the mid-size rule of _scan_npage (an empty tuple turns it off). 8
 # resident programs per SM is the compiled kernel's occupancy on H200 with "scan_maxnreg" 64 (7 uncapped: 72
-# registers; score_sweep's kernel report).
-# 7 and 9 joined the candidates in session 19 (call 1, one-GPU emulation of W = 2, us before -> after): 8 x 128K
-# sharded 23.48 -> 22.57 (9 pages: 912 programs, one wave, instead of 10), 16 x 32K replicated 23.29 -> 22.36,
-# 32 x 32K replicated 41.44 -> 41.12; the other shapes of rows 8-64 x 32K / 128K choose as before.
+# registers; score_sweep's kernel report). 7 and 9 among the candidates: 8 x 128K sharded 23.48 -> 22.57 (9
+# pages: 912 programs, one wave, instead of 10), 16 x 32K replicated 23.29 -> 22.36.
 # "scan_pdl": launch with programmatic dependent launch (kernel_support.grid_dependency_sync): 0 off, 1 wait for the
 # previous kernel inside the kernel, 2 also let the next PDL kernel launch as soon as every program started.
 # "scan_maxnreg": a register cap for the FP8 scan with a 64-head tile (DeepSeek-V3.2's 64 heads, GLM-5's 32; Triton's
 # maxnreg; 0 = none): 64 holds 8 programs per SM instead of 7 (72 registers uncapped; no spills at 2 stages). Wider
 # tiles (more heads) keep 64 x BLOCK_H fp32 accumulators per program and the fp16 fallback other operands: no cap.
-# Session 15 (call 3) measured it within the spread with the wave rule's 7; session 22 (call 4, one-GPU emulation of
-# W = 2, 3 rounds, us replicated / owner-sharded, uncapped with 7 -> capped with scan_resident_per_sm = 8): 41.26 /
-# 23.46 -> 40.62 / 22.49 at 32 x 32K, 80.61 / 42.10 -> 77.15 / 41.86 at 64 x 32K, 159.3 / 82.3 -> 155.9 / 79.5 at
-# 128 x 32K, 41.22 / 22.52 -> 40.29 / 22.22 at 8 x 128K, 318.8 / 161.7 -> 314.8 / 154.6 at 64 x 128K; 128 x 128K
-# 615.3 / 317.6 -> 625.3 / 318.2 (the one loss, 1.6 % replicated); 1 and 8 rows x 32K and 1 x 128K within 0.15 us.
+# Uncapped at 7 per SM -> capped at 8: 2-5 % faster at 32-128 rows (32 x 32K 41.26 / 23.46 -> 40.62 / 22.49, 128 x
+# 32K 159.3 / 82.3 -> 155.9 / 79.5); the one loss 128 x 128K replicated 615.3 -> 625.3 (1.6 %); 1-8 rows within
+# 0.15 us.
 # "scan_backend": "triton" (_logits_kernel), "cuda" (csrc/topk_score.cu, warpgroup MMA with the keys as the register
 # operand; Hopper, 64-token pages of 128-byte keys, up to 64 heads, 16-byte aligned query rows, else the Triton kernel)
 # or "auto": the CUDA scan from "cuda_scan_min_rows" query rows on - (a head tile of 32: H <= 32, of 64), or one int for
 # both. The choice depends on the rows and heads only, never on the cache's layout or length, so an owner-sharded and a
-# replicated scan of the same rows take the same kernel and agree bit for bit. Session 29 (call 6, one-GPU emulation of
-# W = 2, 1-4 rows x 32K / 64K / 128K, us replicated / owner-sharded, Triton -> CUDA): 32 heads, 1 row 3.11 / 2.74 ->
-# 3.07 / 2.78, 4.11 / 3.31 -> 3.84 / 3.24, 8.09 / 4.25 -> 7.12 / 3.92, 2 and 3 rows 0.1-2.2 faster at every point; 64
-# heads, 3 rows 6.96 / 4.09 -> 6.54 / 4.39, 11.40 / 7.03 -> 9.46 / 6.68, 17.63 / 11.55 -> 16.23 / 9.63, 2 rows slower at
-# 32K (+0.3 / +0.1) and mixed at 64K, 1 row slower at 32K / 64K (the CUDA kernel's start at one page per CTA).
-# Session 23 (one-GPU emulation of W = 2, us replicated / owner-sharded, Triton -> CUDA with the keys
-# loaded straight into registers, 6 CTAs per SM; bench/RESULTS.md "session 23"): DeepSeek-V3.2 1 x 32K 3.20 / 2.78
-# -> 3.64 / 3.11 (at one page per CTA the CUDA kernel executes ~45 % more instructions, ncu), 8 x 32K 13.24 / 8.17
-# -> 12.29 / 8.07, 32 x 32K 40.86 / 22.59 -> 38.35 / 21.09, 128 x 32K 154.9 / 81.7 -> 147.7 / 76.6, 1 x 128K 8.30 /
-# 4.42 -> 7.99 / 4.79, 8 x 128K 40.50 / 22.40 -> 37.82 / 21.19, 128 x 128K 632.0 / 317.5 -> 607.7 / 309.7; GLM-5 (32
-# heads) 1 x 32K 3.10 / 2.73 -> 3.11 / 2.86, 8 x 32K 13.07 / 8.01 -> 11.49 / 7.26, 128 x 128K 605.8 / 312.9 -> 543.0 /
-# 275.5. "cuda_scan_min_ctas": its register budget as CTAs per SM (ops.SCORE_MIN_CTAS; 8 spills and runs 2x
-# slower); page slots filled by bulk copies measured no faster (2) or slower (3-6): bench/results/2026-12-01/s23/
-# bulk_copy_slots.patch. "cuda_scan_npage": pages per CTA (0:
+# replicated scan of the same rows take the same kernel and agree bit for bit. Triton -> CUDA: 8 x 32K 13.24 / 8.17 ->
+# 12.29 / 8.07, 128 x 128K 632.0 / 317.5 -> 607.7 / 309.7; GLM-5 (32 heads) 128 x 128K 605.8 / 312.9 -> 543.0 /
+# 275.5. At one page per CTA the CUDA kernel executes ~45 % more instructions (ncu) and its start costs: hence the
+# rows' floor. 32 heads, 1 row: 3.11 / 2.74 -> 3.07 / 2.78 at 32K, 8.09 / 4.25 -> 7.12 / 3.92 at 128K, 2-3 rows
+# 0.1-2.2 us faster at every point; 64 heads, 3 rows: 6.96 / 4.09 -> 6.54 / 4.39 at 32K, 17.63 / 11.55 -> 16.23 /
+# 9.63 at 128K, 1-2 rows slower at 32K. "cuda_scan_min_ctas": its register budget as CTAs per SM
+# (ops.SCORE_MIN_CTAS; 8 spills and runs 2x slower); page slots filled by bulk copies measured no faster (2) or
+# slower (3-6), not kept. "cuda_scan_npage": pages per CTA (0:
 # _cuda_scan_npage with a CTA's start worth "cuda_scan_cta_pages" pages; fixed 2-10 measured slower at 8-64 rows).
 TUNING = {
     "scan_backend": "auto",

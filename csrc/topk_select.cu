@@ -36,16 +36,12 @@
 //      epoch advanced, its keys stored into their inboxes, their flags released: publish_row, in place of the
 //      separate publish kernel that merge() launches.
 //
-// Where the time goes: scripts/diag/select_phases.py (phase stamps of CTA 0) and bench/RESULTS.md, sessions 18-19,
-// 24 (a bucket sort of 2048 keys ~3.5 us, the network and merges took 9.6; the samples' histogram ~2.5 us from the
-// kernel's start, their sort took ~4.5 more at 2048 samples) and 25 (bucket_top and the cluster's funnel into CTA
-// 0, replacing the radix trim + bucket sort and the per-CTA sorts + rank searches; the gather's two float compares
-// per score: one SM's pass over 128K scores ~27 us, was ~34 - bound by instructions per score, not by loads) and
-// 27 (the taken keys stored in one round per key instead of a block per score position: one CTA over one row of
-// 128K 39.6 -> 32.0 us, 128 rows of 128K 51.4 -> 43.4; bulk-copied steps in shared memory were slower everywhere).
-// One CTA per row, one row (session 18): the sample sort ~10 us, the final sort of <= 4096 keys ~17 us (before the
-// trim of step 4); a cluster of 8 splits the gathers 8 ways (one row of 128K: 71.1 us with one CTA, 28.7 with 8;
-// session 19, call 7; 18.3 us with 8 in session 25).
+// Where the time goes (one H200; phase stamps of CTA 0: scripts/diag/select_phases.py; the tables: bench/RESULTS.md,
+// Top-K local selection): the samples' histogram ends ~2.5 us after the kernel's start; one SM's gather pass over
+// 128K scores takes ~27 us, bound by instructions per score (two float compares), not by loads; with the taken keys
+// stored in one round per key one CTA selects one row of 128K in 32.0 us (39.6 with a block per score position),
+// 128 rows of 128K in 43.4 (51.4). Bulk-copied steps in shared memory measured slower everywhere. A cluster of 8
+// splits the gathers 8 ways (one row of 128K: 18.3 us).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -182,7 +178,7 @@ __device__ __forceinline__ void load_step(const Row& row, int base, float (&v)[k
 // warp first sorts its 32 R keys in registers (a bitonic network: warp shuffles, and register swaps for partners
 // 32 and 64 elements apart), then sorted runs are merged pairwise, log2(kThreads / 32) times, by merge path in
 // shared memory (one buffer: every output is computed in registers before a barrier, then stored). K: int64_t
-// canonical keys (a uint32_t instance sorted the estimate's samples until session 24).
+// canonical keys.
 // NT: only threads tid < NT (whole warps) take part, N = R * NT (fewer keys, fewer merge levels: the levels'
 // searches, not the networks, take most of the time); the others only meet the barriers.
 template <int R, typename K, int NT = kThreads>
@@ -278,10 +274,10 @@ struct Shared {
 
 // The exclusive prefix sum over the CTA of every thread's x, in thread order. One barrier: every warp scans its
 // lanes' values with shuffles and lane 31 stores the warp's sum; after the barrier every warp scans the 32 warp sums
-// itself. CUB's raking scan, used until session 31, has warp 0 add 32 partials serially twice between two barriers
-// (0.58 us of bucket_top's 4.1 at rows of 4K), and its storage and registers cost the kernel spills: with this scan
-// the selection is faster or equal at every measured shape (session 31, calls 2-3: rows of 2K / 4K 0.25-0.4 us,
-// 128 rows of 128K 1.0 us; CUB's warp-scans variant was 0.1-0.8 us slower than the raking one, call 1). Every
+// itself. Not CUB's raking scan: it has warp 0 add 32 partials serially twice between two barriers (0.58 us of
+// bucket_top's 4.1 at rows of 4K), and its storage and registers cost the kernel spills: with this scan the
+// selection is faster or equal at every measured shape (rows of 2K / 4K 0.25-0.4 us faster, 128 rows of 128K
+// 1.0 us; CUB's warp-scans variant was 0.1-0.8 us slower than the raking one). Every
 // thread of the CTA calls it; two calls need a barrier between them (wsum is rewritten).
 __device__ __forceinline__ int block_exclusive_sum(int x, int* wsum) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -314,7 +310,7 @@ __device__ __forceinline__ float score32(uint32_t o) {
 // mn[i] / mx[i] (each thread's) reduced over the CTA into lo[i] / hi[i], which thread 0 initialized (to ~0 and 0)
 // before the call: one warp reduction instruction each, then 32-bit shared atomics (native; 64-bit ones are a
 // compare-and-swap loop that 32 warps serialize: bucket_top's 64-bit key range that way cost 0.4-1.8 us per
-// selection, session 28 call 6). Every thread of the CTA calls it (two barriers).
+// selection). Every thread of the CTA calls it (two barriers).
 template <int N>
 __device__ __forceinline__ void block_min_max(const unsigned (&mn)[N], const unsigned (&mx)[N], unsigned* lo,
                                               unsigned* hi) {
@@ -378,21 +374,20 @@ __device__ __forceinline__ void scan_bins(int* hist, Shared& sh) {
 // keys of its bucket above it. The map is monotone, so a key's bucket never precedes a smaller key's; ties and the
 // id order are settled inside a bucket by whole-key compares. Scores spread over a range (the usual case) put one to
 // a few keys in a bucket, so the selection of the n largest and their sort are the same few shared-memory passes
-// (the radix trim to 2 * kThreads keys and a bucket sort of those took ~3.5 us each, the network and merges 9.6:
-// session 24). kByBits: the buckets evenly spaced over the keys' bits instead - about the log of |score| - which
+// (the radix trim to 2 * kThreads keys and a bucket sort of those took ~3.5 us each, the network and merges
+// 9.6). kByBits: the buckets evenly spaced over the keys' bits instead - about the log of |score| - which
 // spreads heavy tails (lognormal, Pareto, Cauchy-like scores put most keys in one bucket of the score map). When a
 // bucket holding one of the n largest keys would hold more than kMaxBucket keys (bucket 0: more than kMaxTopBucket)
 // it writes nothing (out and buf unchanged) and returns kBucketRetry where the map went by the scores (the caller
 // then calls bucket_top<true>), else kBucketOverflow (few distinct scores, far outliers amid a dense bulk: the caller
 // trims and runs sort_gathered). The second map is a second instance called only then, so the common path's code is
-// that of the one map (the same map retried in a loop inside one instance cost 0.1-0.35 us at every normal shape:
-// session 32, call 1).
+// that of the one map (the same map retried in a loop inside one instance cost 0.1-0.35 us at every normal
+// shape).
 // Every thread of the CTA calls it (it synchronizes). Out of line in both kernel instances: inlined it cost ~0.6 us
-// at C = 8 even where it did not run (session 24), and the one-CTA gather 20 % at 128 rows (session 25, call 3) -
-// its registers.
-// (32 until session 32: heavy-tailed scores - a few far outliers stretching the range - then overflowed on 75-100 %
-// of rows of <= 4K keys and took the fallback, 2.4-2.7x the normal time, session 31 call 8; a bucket's rank loop
-// costs about its size in compares per key, far less than the trim and the network sort up to a few hundred keys)
+// at C = 8 even where it did not run, and the one-CTA gather 20 % at 128 rows - its registers.
+// (With 32, heavy-tailed scores - a few far outliers stretching the range - overflowed on 75-100 % of rows of
+// <= 4K keys and took the fallback, 2.4-2.7x the normal time; a bucket's rank loop costs about its size in
+// compares per key, far less than the trim and the network sort up to a few hundred keys.)
 constexpr int kMaxBucket = 128;
 // bucket 0 takes every key of a +inf score (forced tokens: the first / last windows of a sequence, ranked among
 // themselves by id): up to this many before the fallback (its rank loop is then ~kMaxTopBucket compares per key)
@@ -484,7 +479,7 @@ __device__ __noinline__ BucketResult bucket_top(int64_t* buf, int count, int n, 
 // outside it clamped to the end buckets), and the threshold is the smallest sample of the
 // bucket holding rank q_f, so at most that bucket's other samples (one or two, unless the scores tie) more than the
 // exact rank. A histogram, a scan and a binary search per threshold instead of sorting the samples (the sort of 2048
-// took ~4.5 us, session 24). Every key of that score part or above passes the threshold: without the id part it
+// took ~4.5 us). Every key of that score part or above passes the threshold: without the id part it
 // cannot split tied scores, which only the radix select's fallback then costs. buf: kBins + 64 words of scratch.
 // Every thread of the CTA calls it (it synchronizes); every CTA of a cluster computes the same thresholds.
 // R samples per thread (kSamples = R * kThreads): the count at a threshold of rank q among the samples has a relative
@@ -518,7 +513,7 @@ __device__ __forceinline__ void sample_thresholds(const Row& row, int n, Shared&
   // smallest group maximum (groups without a finite sample ignored). A far outlier (an attention sink, a large
   // finite mask value, a heavy tail's extreme) among the samples otherwise stretches the range so that the bulk
   // falls into a few buckets, the thresholds miss the gather's window and every miss is another pass over the row
-  // (one sample of 1e3 amid normal scores: 128 rows of 128K 41.6 -> 246 us, session 33). It takes an outlier in
+  // (one sample of 1e3 amid normal scores: 128 rows of 128K 41.6 -> 246 us without it). It takes an outlier in
   // every group - 8 of them apart, or a run of ~29 consecutive samples - to stretch it. The samples outside it go to
   // the end buckets: about 20 at each end for normal scores (up to ~45), 28 for sorted ones (estimate_model.py's
   // robust_range). The walk's first threshold has rank q >= 2048 * kSamples / nloc - 1 (63 at 128K): inside the
@@ -684,8 +679,8 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
         slot = __shfl_sync(0xffffffffu, slot, 31) + incl - cnt;
         // one round per taken score of the lane that took the most (usually one): a block per score position ran
         // each position's key code whenever any lane of the warp took that position - about half of all steps at
-        // every position, ~45 % of the kernel's instructions at one row of 128K (ncu, session 27 call 4). The key
-        // is row.key's without forced tokens (this path has none); the keys land in the same slots as before.
+        // every position, ~45 % of the kernel's instructions at one row of 128K (ncu). The key is row.key's
+        // without forced tokens (this path has none); the keys land in the same slots as a block per position's.
         store_taken(take, slot, v, base, [&](float s, int l) {
           return (static_cast<int64_t>(ordered_bits(__float_as_uint(s))) << 31) | row.id_part(l);
         });
@@ -693,9 +688,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       }
       // whole keys (forced tokens, or a lo the float compare cannot stand for): few pass here too (~n / nloc of
       // the scores), so a lane stores its taken keys one round per key (store_taken), after every key of the lanes
-      // below it (the ballots' counts; session 28: forced rows of >= 16K 2-19 % faster than a block per position).
+      // below it (the ballots' counts; forced rows of >= 16K 2-19 % faster than a block per position).
       // The compares and slot claims stay a separate path from the fast one: one path for both cost unforced rows
-      // 1-4 % (session 27, call 6).
+      // 1-4 %.
       unsigned take = 0;
       int total = 0, slot = 0;
 #pragma unroll
@@ -722,12 +717,12 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
 
   // every valid key of the slice (a row of <= kBuf scores): local row l's key goes to buf[l - beg], no compares,
   // no slot claims (the slot order never reaches the output: keys are unique, sorted later); returns how many there
-  // are. Session 28: rows of 4K 12-18 % faster than gather_from(0)'s ballots and claims.
+  // are. Rows of 4K 12-18 % faster than gather_from(0)'s ballots and claims.
   auto gather_all = [&]() -> int {
     // Not unrolled over a step: this code runs once per row, so fetching its instructions (a cold instruction cache
     // in every SM) rather than executing them is its time - the step-unrolled form (~700 SASS instructions) stalled
-    // on instruction fetch for 59 % of its samples (ncu, session 28 call 4); rolled, rows of 2K / 4K scores take
-    // 4 / 1-2.5 % less (call 5). One 16-byte load (VEC) or four scalar ones per thread and pass, then one key at a
+    // on instruction fetch for 59 % of its samples (ncu); rolled, rows of 2K / 4K scores take 4 / 1-2.5 % less.
+    // One 16-byte load (VEC) or four scalar ones per thread and pass, then one key at a
     // time.
 #pragma unroll 1
     for (int l0 = row.beg + 4 * tid; l0 < row.end; l0 += 4 * kThreads) {
@@ -779,9 +774,9 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
       // threshold after too many keys, a lower one after too few, each one more gather pass
       // One CTA per row, or a cluster of 2 (many rows, where the slowest row sets the kernel's time; WIDE): 4096
       // samples on rows of more than 64K. With 2048 a row of 128K normal scores missed the middle threshold's window
-      // [n, kBuf] about 2 % of the time (numpy, session 26: a second pass over the row), so at 128 rows some row
-      // nearly always did; with 4096, 0.15 %; 64K rows with 2048, 0.05 %. Session 26 (calls 7-9): 128 rows of 128K,
-      // one CTA each, 74.5 -> 51.2 us, 32 rows in clusters of 2 40.4 -> 30.8; 4096 samples on 64K rows cost more
+      // [n, kBuf] about 2 % of the time (numpy: a second pass over the row), so at 128 rows some row nearly
+      // always did; with 4096, 0.15 %; 64K rows with 2048, 0.05 %. 2048 -> 4096: 128 rows of 128K, one CTA each,
+      // 74.5 -> 51.2 us, 32 rows in clusters of 2 40.4 -> 30.8; 4096 samples on 64K rows cost more
       // than they saved (33.0 -> 35.1 us at 128 rows), 8192 on 128K rows spilled (59.6 us), and in clusters of 8 (8
       // rows, each CTA's second pass short) they cost 1.6 us. WIDE is a separate cluster instance: the wider
       // sampling compiled into the one cluster instance cost 0.2-0.3 us at one row of 16K-64K (code layout).
@@ -845,7 +840,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
     // ---- 3'. cluster: every CTA's gathered keys (sh.counts[c] <= count <= kBuf of them) go into CTA 0's buf side
     // by side (CTA c's after the counts of the CTAs before it; CTA 0's stay where they are), and CTA 0 selects and
     // sorts the count keys alone, as one CTA per row does (steps 3-4). (Each CTA sorting its own keys and placing
-    // them by binary searches of every peer's sorted list took ~9 us at C = 8: session 24.)
+    // them by binary searches of every peer's sorted list took ~9 us at C = 8.)
     const int mine = sh.counts[c];
     if (c != 0) {
       int off = 0;
@@ -871,7 +866,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
   // ---- 3b. (a bucket overflowed) trim: of more than 2 * kThreads gathered keys only the n <= 2 * kThreads largest
   // are needed, so an exact radix select over buf keeps the keys above the n-th largest key's prefix at the first
   // level where they fit in 2 * kThreads; the sort then holds 2 keys per thread instead of 4, about half its work
-  // (the sort of 4096 keys was ~17 us of a one-SM select, session 18). The levels read buf afresh (keys held in
+  // (the sort of 4096 keys was ~17 us of a one-SM select). The levels read buf afresh (keys held in
   // registers across them spilled at the 64 registers a 1024-thread CTA has).
   if (count > 2 * kThreads) {
     auto key_of = [&](int r) -> uint64_t {
@@ -940,7 +935,7 @@ __device__ void select_row(const Row& row, int n, int64_t* out, Shared& sh, bool
 
 // Publishes row t's stored keys out[0, n) (see SelectParams::peers). Called by the CTA that stored them (CTA 0 of a
 // cluster), every thread. The publish kernel of selector.py does this as a second launch after the selection
-// (~4.5 us at one row on 2 x H200, session 17); here the peer stores start as soon as the row's keys are final.
+// (~4.5 us at one row on 2 x H200); here the peer stores start as soon as the row's keys are final.
 // Out of line, so the publishing instances' selection code is allocated as in the others; the fields come by
 // value (a reference to the kernel's parameters would copy them to the stack).
 __device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, int64_t inbox, int K, int max_rows,
@@ -967,7 +962,7 @@ __device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, i
 // CLUSTER: launched with a.C > 1 CTAs per row in clusters of a.C (a separate instance: the cluster steps' registers
 // stay out of the one-CTA kernel, which runs at the 64 registers a 1024-thread CTA allows). PUBLISH: a.peers is
 // set (separate instances too: with the publish call in the one kernel, the selection alone ran up to 1 % slower -
-// register allocation - session 26, call 2). WIDE (clusters only): the estimate's wider sampling of long rows,
+// register allocation). WIDE (clusters only): the estimate's wider sampling of long rows,
 // which one CTA per row always has (select_row).
 template <bool CLUSTER, bool PUBLISH, bool WIDE>
 __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParams a) {
@@ -979,7 +974,7 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
   // its cluster's CTA c: both from special registers. The start used to divide five times (t and c by the runtime
   // C, the local length's quotient and remainder in 64 bits - each behind the compiler's run-time check for 32-bit
   // operands - and the slice by C), ~20 instructions each, the first before the row length's load could issue;
-  // without them rows of 2K / 4K scores (the shortest kernels) take 0.4-0.5 us less (session 29, call 2). The local
+  // without them rows of 2K / 4K scores (the shortest kernels) take 0.4-0.5 us less. The local
   // length now divides once, in 32 bits (peerdcp::local_length, shared with the indexer scan).
   int t = blockIdx.x, c = 0;
   if constexpr (CLUSTER) {

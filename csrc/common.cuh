@@ -147,7 +147,7 @@ __device__ __forceinline__ void report_timeout(int64_t* err, int rank, int peer,
 // 64 misses; gives up once `timeout_ns` have passed since the first miss. The caller checks here() after it
 // (false: timed out; it records the error and skips the data). The Output LL128 LSE settle and sentinel waits;
 // the LL kernel's wait (output_lines.cuh) has the same shape but stays written out: through this helper its
-// kernel compiled differently and measured 2-5 % slower at T = 4-8 (session 12, A/B/A/B in separate processes).
+// kernel compiles differently and measured 2-5 % slower at T = 4-8 (A/B/A/B in separate processes).
 template <typename Here, typename Reload>
 __device__ __forceinline__ void spin_until(int64_t timeout_ns, Here here, Reload reload) {
   const uint64_t t0 = global_timer_ns();
@@ -220,7 +220,7 @@ struct Pack8<__half> {
 // `rank` of W owns when runs of I consecutive tokens go round-robin over the ranks (L >= 0). One 32-bit division
 // where L and I * W fit (always, for valid lengths): a 64-bit division is ~20 instructions behind a run-time check
 // for 32-bit operands, on the latency path of the kernels' starts (the Top-K selection's 2K / 4K rows took 0.4-0.5
-// us less without it, session 29). The Top-K selection and the indexer scan both mask by it.
+// us less without it). The Top-K selection and the indexer scan both mask by it.
 __device__ __forceinline__ int64_t local_length(int64_t L, int rank, int W, int I) {
   const int64_t IW = static_cast<int64_t>(I) * W;
   int64_t q = 0, rem = 0;

@@ -74,7 +74,7 @@ struct OutputDirectParams {
 // What the kernels receive: the mirrored block plus the call's fixed divisors, derived once per call by the C
 // entry (derive_params). An index division by a runtime int is ~20 dependent instructions on a small call's
 // latency path; FastDiv is two (the LL kernel measured 0.13-0.18 us faster per call at T = 1-4 and the same at
-// T = 8, the Query kernels 0.3 us, session 13). The sentinel kernel keeps its divisions (output_sentinel.cuh
+// T = 8, the Query kernels 0.3 us). The sentinel kernel keeps its divisions (output_sentinel.cuh
 // says why).
 using peerdcp::FastDiv;
 struct OutputKernelParams : OutputDirectParams {

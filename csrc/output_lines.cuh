@@ -144,15 +144,16 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
 // invalid together. That is why it is opt-in: the plain kernel (release flag after a fence) assumes only
 // the PTX model. A torn line would show up as wrong rows in the graph-replay tests with changing inputs.
 //
-// MEASURED (2 x H200, 2026-11-30, bench.output --quick, Kimi, graph): correct (10,000 graph replays with
+// MEASURED (2 x H200, bench.output --quick, Kimi, graph): correct (10,000 graph replays with
 // changing inputs, 0 mismatches, vmm and symm; adversarial LSEs; missing peer -> PeerTimeoutError) but not
 // faster than the plain kernel where it was meant to help: T = 128 13.4-14.5 us vs 13.3, T = 256 26-27 us
-// vs 22.1; about 0.5 us faster at T = 32 in some runs. Tried without a gain: one line per thread per round,
+// vs 22.1; up to about 0.5 us faster at T = 32. Tried without a gain: one line per thread per round,
 // kCU lines per round (kept), weak instead of volatile line stores (kept; no difference), split producer /
 // consumer warps (T = 128 17.4 us, left off), flag-only polling with __nanosleep back-off (slightly worse,
-// not kept). Session 5 (same run, with PDL): 6.55 us at T = 32 vs 7.13 for the plain kernel, but 6.38 vs 5.34
-// at T = 16, 9.1 vs 9.2 at T = 64, 26.0 vs 21.7 at T = 256; a T scan put the gain at 24 <= T <= 48, so the
-// host uses it in the band (20, 48] by default. Not yet measured: a stage breakdown (publish vs the link).
+// not kept). With PDL: 6.55 us at T = 32 vs 7.13 for the plain kernel, but 6.38 vs 5.34 at T = 16, 9.1 vs 9.2
+// at T = 64, 26.0 vs 21.7 at T = 256; a T scan puts the gain at 24 <= T <= 48. The sentinel kernel is faster
+// there (5.5 vs 6.5 us at T = 24), so the host's LL128 band is off by default (reducer.TUNING
+// "cuda_ll128_max_tokens"). Not measured: a stage breakdown (publish vs the link).
 //
 // Layout at ll128_off, in 8-byte words: [2 slots][W src][ll128_max_tokens][rowW] with
 //   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),
@@ -171,7 +172,7 @@ constexpr int kLineWords = 16;  // 8-byte words per 128-byte line
 constexpr int kLineData = 15;   // data words per line (word 15 is the flag)
 constexpr unsigned kFullMask = 0xffffffffu;
 // Warp roles. Split (half the warps publish, half combine, no barrier between) was measured slower on
-// H200 (2026-11-30: T = 128 17.4 vs 13.5 us), so every thread publishes, then combines.
+// H200 (T = 128: 17.4 vs 13.5 us), so every thread publishes, then combines.
 constexpr bool kLL128SplitRoles = false;
 constexpr int kProducers = kLL128SplitRoles ? kBlock / 2 : kBlock;  // threads (whole warps) that publish
 constexpr int kConsumers = kLL128SplitRoles ? kBlock - kProducers : kBlock;

@@ -1,5 +1,5 @@
-// Output/LSE CUDA kernels (see output_direct.cu), part 4: the sentinel kernel (the default above the LL range since
-// session 9): the payload needs no flag at all, because a slot at rest holds a bit pattern no published word has.
+// Output/LSE CUDA kernels (see output_direct.cu), part 4: the sentinel kernel (the default above the LL range):
+// the payload needs no flag at all, because a slot at rest holds a bit pattern no published word has.
 #pragma once
 
 #include "output_common.cuh"
@@ -83,7 +83,7 @@ struct SnPubRound {
 // The index divisions of this kernel stay runtime divisions on purpose: through FastDiv (as in the LL kernel and
 // the shared helpers, output_common.cuh) the kernel measured the same at T = 16 but 15-20 % slower at T >= 64,
 // where the publishers are split from the combiners (Kimi T = 128 11.2 vs 9.6 us, T = 256 19.3 vs 16.3; A/B in
-// separate processes, bench/RESULTS.md session 13 call 6). Not understood yet; the split's optimum is sharp
+// separate processes, the record in bench/RESULTS.md's History). Not understood; the split's optimum is sharp
 // (sn_run) and the change moves the publishers' instruction timing.
 template <int U>
 __device__ __forceinline__ void sn_pub_load(const OutputKernelParams& p, const SnGeo& g, int b0, int step,

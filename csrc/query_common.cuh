@@ -88,7 +88,7 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) { return __ldcg(p); }
 
 // Record a timed-out wait (rank, peer, mechanism, awaited value): the shared helper writes the fields before
 // the "set" word, so the host (which reads "set" first, without synchronizing) never sees "set" with stale
-// fields. (Until session 7 this claimed "set" first by an atomicCAS_system on the pinned host word.)
+// fields.
 __device__ __forceinline__ void record_timeout(const Params& a, int peer, int64_t value) {
   peerdcp::report_timeout(reinterpret_cast<int64_t*>(a.err), a.rank, peer, a.mech, value);
 }

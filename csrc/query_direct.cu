@@ -32,8 +32,8 @@
 // PUSH_SN16 (PUSH_SN | kModeWide, interleaved RoPE): PUSH_SN with one 16-byte store per pair of words.
 // The host picks among LL, SN, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
 //
-// PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it for T <= 32 by default, where it
-// measured faster - it measured slower at T >= 64, session 5 - and for every SN call, session 11): the launch
+// PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it by default for T <= 32, where it
+// measured faster - at T >= 64 it measured slower - and for every SN call, where it measured faster): the launch
 // carries cudaLaunchAttributeProgrammaticStreamSerialization, and every block first executes
 // griddepcontrol.wait - it returns once the preceding grid has completed and its memory is visible, the
 // same guarantee as stream order, before any load or store here, so the slot/ack argument is unchanged -
@@ -50,7 +50,7 @@
 // memory latencies, and a division by a runtime int is ~20 of them. Every index division by a per-call divisor
 // (heads, rope dims, items per unit, words per row) goes through FastDiv (common.cuh; the host computes
 // the multipliers in the C entry), the source rank of a consumer item is found by subtraction (peer_of), and
-// units per block come from the host (Params.upp). Measured: 0.3 us per call at every T (session 13).
+// units per block come from the host (Params.upp). Measured: 0.3 us less per call at every T.
 //
 // Files: query_common.cuh (parameter block, memory primitives, row numerics, kernel prologue),
 // query_rows.cuh (the unit-item path: raw / roped / fenced push / exposed publish and the consumers' copy),
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) query_direct_kernel(const Params a) 
     // NVLink stores straight into every peer's slot (fire-and-forget, they overlap the conversion); the
     // release below is ordered after them by the barrier, so a peer that sees our flag sees the rows
     // (8-byte FP8 stores: pairing two lanes' codes into one 16-byte store by a shuffle measured 25-35 %
-    // slower at T >= 32, 2026-11-30 session 6)
+    // slower at T >= 32)
     compute_units<NEOX, FP8, false, kPubPeers>(a, cs, u0, u1, own, pub);
   } else if constexpr (MODE == kPushLL) {
     // the flag travels inside every 8-byte word: no fence, no ready flag, no barrier

@@ -247,7 +247,7 @@ __device__ void copy_rows_sn(const Params& a, int u0, int u1, int par, uint32_t 
 // but a thread publishes two neighbouring items (output words 2i, 2i + 1 of a row: 16 bytes) with one
 // st.volatile.v2.u64 - each 8-byte element is single-copy atomic, not the pair, so the consumer takes a pair
 // once neither half is at rest. Fewer, wider NVLink stores: faster for large calls, slower for small ones
-// (longer per-thread chains; session 11, call 3: 10.89 vs 11.35 us at T = 128, 3.55 vs 3.32 at T = 1).
+// (longer per-thread chains: 10.89 vs 11.35 us at T = 128, 3.55 vs 3.32 at T = 1).
 constexpr int kU16 = 2;  // pairs per thread per round (4 input vectors in flight, as kUnroll)
 
 __device__ void publish_sn16(const Params& a, const CosSin& cs, int u0, int u1, const Sources& own, const Pub& pub) {
@@ -345,7 +345,7 @@ __device__ void publish_ll12(const Params& a, const CosSin& cs, int u0, int u1, 
       for (int q = 0; q < kTriple; ++q) o[q] = v[q];
       for (int i = 1; i < a.W; ++i) {
         uint4* d = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.peers.base[rank_after(a, i)]) + mine) + 2 * idx;
-        // (weak 16-byte stores measured the same, session 7)
+        // (weak 16-byte stores measured the same)
         peerdcp::st_volatile_v4(d, v[0].x, v[0].y, v[1].x, f);
         peerdcp::st_volatile_v4(d + 1, v[1].y, v[2].x, v[2].y, f);
       }
@@ -404,7 +404,7 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
 // peer's call e + 1, which the peer issues after its call e - the last reader of area k - completed (stream
 // order). fv = 2e + 1 differs from the value of call e - 2 (the area's previous use) and from zero.
 //
-// MEASURED (2 x H200, bench.query, 32 heads/rank, graph, 2026-11-30 session 7): correct (byte-identical
+// MEASURED (2 x H200, bench.query, 32 heads/rank, graph): correct (byte-identical
 // matrix, 10,000 graph replays with changing inputs on vmm and symm, back-to-back mixing every exchange,
 // missing peer -> PeerTimeoutError), but a fixed ~6.4 us at T = 1 (LL: 3.5, plain push: 5.0) and ~190 GB/s
 // of payload at the margin (plain push ~270), with weak and with volatile line stores alike - the same
@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 2) query_push_ll128_kernel(const Par
       const uint4 line = make_uint4(x[0].x, x[0].y, fl ? flo : x[1].x, fl ? fhi : x[1].y);
       for (int i = 1; i < W; ++i) {
         char* dst = reinterpret_cast<char*>(a.peers.base[(a.rank + i) % W]) + mine + L * 128;
-        *(reinterpret_cast<uint4*>(dst) + lane) = line;  // weak: st.volatile measured the same (session 7)
+        *(reinterpret_cast<uint4*>(dst) + lane) = line;  // weak: st.volatile measured the same
       }
     }
   }

@@ -38,8 +38,8 @@ __device__ __forceinline__ void load_item(Item& it, const Params& a, const Sourc
   const FastDiv& ipu = a.fd_ipu[NEOX];
   const int per_src = (u1 - u0) * ipu.d;
   int i = 0, rem = idx;  // source i of the pass, item rem of its units (a single source: i = 0)
-  // peer_of's loop, written out: calling peer_of here made the raw kernel 0.5 us slower at T = 4 (H200 x2, session
-  // 15 call 4; the other T and the exposed kernel unchanged), so the copy stays.
+  // peer_of's loop, written out: calling peer_of here makes the raw kernel 0.5 us slower at T = 4 (2 x H200; the
+  // other T and the exposed kernel unchanged), so the copy stays.
   if (src.ok != nullptr) {
     while (rem >= per_src) {
       rem -= per_src;

@@ -8,16 +8,16 @@
 //
 // Place-all mode (`place_all`, few rows: the host's `ops.grid` gives it when the CTAs that fit at once leave every
 // thread at most two of the row's W x K keys): CTA s places keys s*kThreads + tid, s*kThreads + tid + S*kThreads, ... of
-// the W x K slots, each key's searches stopping once its rank reaches K; no cut-off search. One row on one H200
-// (session 17): 7.1 -> 4.0 us at W = 2, 22.3 -> 10.8 us at W = 8, where the cut-off search below, repeated by every
-// CTA of the row, cost most of the time.
+// the W x K slots, each key's searches stopping once its rank reaches K; no cut-off search. One row on one H200:
+// 7.1 -> 4.0 us at W = 2, 22.3 -> 10.8 us at W = 8 against cut-off mode, where the cut-off search below, repeated by
+// every CTA of the row, costs most of the time.
 //
 // Cut-off mode: only the K keys that reach the output are placed. The rank of list_a[j] grows with j, so list a
 // contributes its first c_a keys, c_a = #{j : rank(list_a[j]) < K}; every CTA finds the W cut-offs by a
 // parallel (kThreads / W)-ary search (two or three rounds), then its CTAs split the M = sum_a c_a = min(N, K)
 // surviving keys between them. A surviving key's searches stop at c_b (a key above it in list b also
-// survives). This is W times less search work than placing all W x K keys (what the kernel did before,
-// 2026-11-30 session 16: 36.7 us for one row at W = 4). Positions 0..M-1 are each written once, [M, K) get -1
+// survives). This is W times less search work than placing all W x K keys with one CTA per row (36.7 us for
+// one row at W = 4). Positions 0..M-1 are each written once, [M, K) get -1
 // from the kernel itself: no pre-fill, no sort, no atomics on the output. The Triton kernel searches L2 (it
 // cannot index shared memory), 8 bytes per 32-byte sector; it is the CPU-interpreter path and the twin.
 //

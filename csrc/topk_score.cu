@@ -12,8 +12,7 @@
 //     the heads are N (the query tile sits in shared memory for the whole CTA);
 //   * each thread loads its own key bytes of a page from global memory into registers, one page ahead of the MMA
 //     (keys never pass through shared memory). A ring of shared-memory page slots filled by bulk copies
-//     (cp.async.bulk + mbarriers) measured no faster and is kept as a patch:
-//     bench/results/2026-12-01/s23/bulk_copy_slots.patch (session 23).
+//     (cp.async.bulk + mbarriers) measured no faster (the record in bench/RESULTS.md's History).
 //
 // The head dim is permuted the same way on both operands (a dot product does not care about the order of its
 // terms): thread (g = lane / 4, c = lane % 4) of a warp needs, per k-step, 8 bytes of each of its two token rows,
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) score_kernel(const ScorePa
   // table entries (masked by the table's width, not by the row's length, so they do not wait for it), the query
   // words and the head weights. Then one dependent step - a page's liveness needs the length - before the first
   // page's load; the query tile's shared-memory writes overlap that load. (Loading the first page's keys before the
-  // length arrives, and a 32-bit local_length, measured no faster: session 23, call 8.)
+  // length arrives, and a 32-bit local_length, measured no faster.)
   const int64_t L = p.lens64 ? static_cast<const int64_t*>(p.seq_lens)[t] : static_cast<const int32_t*>(p.seq_lens)[t];
   int64_t entry = -1;
   if (tid < n_here) {

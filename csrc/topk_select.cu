@@ -971,11 +971,11 @@ __global__ void __launch_bounds__(kThreads) topk_select_kernel(const SelectParam
   // completion before it reads anything, so its launch and start overlap the selection instead of following it
   if constexpr (PUBLISH) peerdcp::griddep_launch_dependents();
   // row t is cluster t (a 1-D grid of clusters of C consecutive CTAs; one CTA per row: CTA t), and this CTA is
-  // its cluster's CTA c: both from special registers. The start used to divide five times (t and c by the runtime
-  // C, the local length's quotient and remainder in 64 bits - each behind the compiler's run-time check for 32-bit
-  // operands - and the slice by C), ~20 instructions each, the first before the row length's load could issue;
-  // without them rows of 2K / 4K scores (the shortest kernels) take 0.4-0.5 us less. The local
-  // length now divides once, in 32 bits (peerdcp::local_length, shared with the indexer scan).
+  // its cluster's CTA c: both from special registers, not divisions. Five divisions at the start (t and c by the
+  // runtime C, the local length's quotient and remainder in 64 bits - each behind the compiler's run-time check for
+  // 32-bit operands - and the slice by C), ~20 instructions each, the first before the row length's load can issue,
+  // cost rows of 2K / 4K scores (the shortest kernels) 0.4-0.5 us. The local length divides once, in 32 bits
+  // (peerdcp::local_length, shared with the indexer scan).
   int t = blockIdx.x, c = 0;
   if constexpr (CLUSTER) {
     asm("mov.u32 %0, %%clusterid.x;" : "=r"(t));

@@ -170,7 +170,7 @@ def next_epoch(counter_ptr):
     (bar.sync orders memory operations across the CTA's threads). Without it a warp that reaches the load
     late can read the already-incremented counter and run the call with epoch + 2: the other parity slot
     and a flag value no peer sends. On H200 that showed as 1-2 wrong rows in 10,000 graph replays and as
-    timed-out waits in the Triton Query twin (2026-11-30); a scalar load + store is not atomic across warps.
+    timed-out waits in the Triton Query twin; a scalar load + store is not atomic across warps.
     """
     e = tl.load(counter_ptr) + 1
     tl.debug_barrier()
@@ -221,7 +221,7 @@ def _block_min(x):
 def error_word(err_addr):
     """The int64 error word at address ``err_addr`` (a Python-int kernel argument) as a pointer. Widened to 64 bits
     through uint64 first: an address below 2^32 arrives as a 32-bit scalar (ints are typed by value: int32 below
-    2^31, uint32 below 2^32; a non-PIE Python's heap lies there: session 41, CPU tests on the GPU machine), and the
+    2^31, uint32 below 2^32; a non-PIE Python's heap lies there, as on the GPU machines' CPU test runs), and the
     interpreter cannot bitcast 4 bytes to a pointer (nor a uint32 widened straight to int64). On the GPU the
     casts are free (a zero / sign extension of a positive value, or nothing)."""
     return err_addr.to(tl.uint64).to(tl.int64).to(tl.pointer_type(tl.int64))
@@ -239,8 +239,8 @@ def wait_equal(flag_ptr, value, err_addr, timeout_ns, max_spins, my_rank, peer, 
         # Every thread polls the flag on its own inside one asm loop (no CTA barrier inside the loop), then
         # one block reduction makes the outcome uniform. Triton lowers a scalar atomic to "one thread
         # issues it, the block reads it back from shared memory between two barriers"; a poll loop built
-        # from that has barriers in every iteration, and a twin of this loop hung unboundedly on H200
-        # (2026-11-30) while the same protocol in CUDA C++ did not.
+        # from that has barriers in every iteration, and a twin of this loop hangs unboundedly on H200 while the
+        # same protocol in CUDA C++ does not.
         lane = tl.arange(0, 32)  # one element per thread at any num_warps (replicated across warps)
         got = tl.inline_asm_elementwise(
             _POLL_ASM,

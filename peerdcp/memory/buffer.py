@@ -133,8 +133,7 @@ class PeerBuffer:
             teardown()  # (a barrier, then this rank's unmaps, which run even when the barrier fails)
             # A rank's memory goes back to the system only when every peer has dropped its mapping of it too: wait
             # for all, so that once close() returns on any rank the allocation is released everywhere. Without it
-            # a rank measured its next allocation with its last one still mapped by a slower peer (symm, 4 MiB,
-            # 2026-11-30).
+            # a rank measures its next allocation with its last one still mapped by a slower peer (symm, 4 MiB).
             agree(self._info, None, f"{self.memory} close (released)")
         except PeerDCPError:
             raise

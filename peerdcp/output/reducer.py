@@ -67,26 +67,26 @@ TUNING = {
     "interpreter_programs": 3,  # G under TRITON_INTERPRET=1 (programs run one after another)
     "cuda_ll_max_tokens": 8,  # CUDA kernel: calls with T <= this use the LL protocol (flag inside the data) ...
     # ... while their slice per destination (T * heads * D * element bytes) is at most this; LL sends twice the
-    # bytes. Session 16 (W = 2, PDL, graph): at 16 heads x 512 bf16 LL was faster to T = 4 (3.70 vs 3.99 us) and
-    # slower at 8 (4.51 vs 4.30); at 32 heads faster to T = 2, slower at 4 (4.45 / 4.27) and 8 (5.96 / 4.66):
-    # LL wins up to 64 KiB per destination (bench/RESULTS.md, session 16).
+    # bytes. At W = 2 (PDL, graph), 16 heads x 512 bf16, LL is faster to T = 4 (3.70 vs 3.99 us) and slower at 8
+    # (4.51 vs 4.30); at 32 heads faster to T = 2, slower at 4 (4.45 / 4.27) and 8 (5.96 / 4.66): LL wins up to
+    # 64 KiB per destination (bench/RESULTS.md, Output/LSE).
     "cuda_ll_max_bytes": 65536,
     # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
     # see csrc/output_direct.cu for the assumption it makes), larger T the next kernel; 0: off (the default).
-    # Session 5 (Kimi, PDL, graph, bench/RESULTS.md): LL128 beat the plain kernel for 24 <= T <= 48 and was the
-    # default band (20, 48] until session 9, when the sentinel kernel beat both there (5.5 vs 6.5 us at T = 24).
+    # Off because the sentinel kernel is faster in LL128's band (Kimi, PDL, graph: 5.5 vs 6.5 us at T = 24), where
+    # LL128 beats the plain kernel (24 <= T <= 48: this = 48 with the minimum below is its best band).
     "cuda_ll128_max_tokens": 0,
     "cuda_ll128_min_tokens": 20,  # LL128 band only: calls with T <= this use LL / the plain kernel
     # CUDA kernel variants, read at construction and agreed by every rank (names of ops.OPTS):
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
-    # "pdl" (programmatic dependent launch; the default since 2026-11-30: 0.3-0.5 us faster at every T in
-    # the same run, bench/RESULTS.md session 5), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
+    # "pdl" (programmatic dependent launch; on by default: 0.3-0.5 us faster at every T, A/B in one benchmark
+    # process), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
     # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output_direct.cu), "chunked"
     # (T > cuda_ll_max_tokens: the plain protocol released per chunk of units by a signalling warp, so the
     # combine overlaps the transfer), "split_roles" (with "chunked": separate publishing and combining
     # warps), "sentinel" (T > cuda_sentinel_min_tokens: the payload region holds a reserved 16-bit pattern at
     # rest, so every vector signals its own arrival - no fence, no flag bytes - and the combine runs under
-    # the transfer; the default since session 9: 1.0-1.6 us faster than the plain kernel for 12 <= T <= 64 and,
+    # the transfer; on by default: 1.0-1.6 us faster than the plain kernel for 12 <= T <= 64 and,
     # with split roles, 1.8-3.5 us for T >= 96, bench/RESULTS.md). () is the kernel without any (the plain
     # kernel above the LL range); bench/output.py measures the variants against the default.
     "cuda_opts": ("pdl", "sentinel"),
@@ -95,8 +95,8 @@ TUNING = {
     # With "sentinel": ((b, n, u), ...), b increasing: a call whose slice per destination (T * H * D * element
     # bytes) exceeds b (the last such entry) splits the CTAs - the first n publish, with u (1 or 2) 16-byte loads
     # in flight per thread, the others combine, so the combine runs under the transfer; a call at or below the
-    # first b lets every CTA publish its share (2 loads in flight), then combine its share. Session 10
-    # (bench/RESULTS.md; Kimi, 16 KiB per token): every CTA both to T = 16 (256 KiB; at T = 24-64 40 x 1 is
+    # first b lets every CTA publish its share (2 loads in flight), then combine its share. Measured (2 x H200;
+    # Kimi, 16 KiB per token): every CTA both to T = 16 (256 KiB; at T = 24-64 40 x 1 is
     # 5-10 % faster: T = 64 6.93 vs 7.62 us); 40 publishers with 1 load in flight to T = 160 (2.5 MiB; T = 128:
     # 9.84-9.92 vs 10.33 us with 36 x 2), 36 with 2 to T = 224 (T = 192: 13.44 us; 40 x 2: 14.61), 40 with 2 to
     # 6 MiB (T = 256: 16.9-17.1 us; 36 x 2: 17.5), 44 with 2 above (8 MiB: 29.4 vs 31.2 us with 40 x 2). The

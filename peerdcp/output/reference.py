@@ -156,8 +156,8 @@ def dcp_reduce(
 # most 2u|v|. The library-function bounds are NVIDIA's published maxima (CUDA Programming Guide, math appendix:
 # __expf 2 + floor(1.173|x|) ulp, expf / exp2f 2 ulp, __logf 2^-21.41 absolute on [0.5, 2] and 3 ulp elsewhere,
 # logf / log2f 1 ulp, an approximate fp32 division 2 ulp). Triton 3.6's exp / exp2 are ex2.approx (after a
-# product with log2(e)) and its fp32 division div.full (2 ulp); its log is libdevice's (session 41, the kernels'
-# PTX and SASS: bench/results/2026-12-04/s41/call1/instructions.txt).
+# product with log2(e)) and its fp32 division div.full (2 ulp); its log is libdevice's (read from the kernels'
+# PTX and SASS).
 _U = 2.0**-24
 _TINY = 2.0**-126  # smallest normal fp32: what a flushed or subnormal weight can lose, absolutely
 _SUB = 2.0**-149  # one fp32 subnormal step: the absolute error of a rounding that underflows

@@ -233,10 +233,10 @@ def _rows_compute(
 def _slot_pointer(base, data_off, slot, slot_bytes):
     """The parity / Z slot of the rank whose int8 base address is ``base``, declared 16-byte aligned (it is: the
     allocation is page aligned, ``data_off`` and ``slot_bytes`` are multiples of 256). Why the hint is needed, not
-    only allowed: Triton 3.6 on sm_90 stored an FP8 row's RoPE part (a uint8 tile built by ``tl.join`` /
+    only allowed: Triton 3.6 on sm_90 stores an FP8 row's RoPE part (a uint8 tile built by ``tl.join`` /
     ``tl.reshape`` in :func:`_rows_compute`) wrongly through a pointer of unknown alignment - bytes 0-1 of every 4
-    lost with rope_dim >= 128 (session 39, ``scripts/diag/query_mismatch.py``) - while the same values stored
-    through the 16-byte aligned ``out`` were right; with the hint both stores take the vectorized path."""
+    lost with rope_dim >= 128 (``scripts/diag/query_mismatch.py`` shows it) - while the same values stored
+    through the 16-byte aligned ``out`` are right; with the hint both stores take the vectorized path."""
     return tl.multiple_of(base + data_off + slot * slot_bytes.to(tl.int64), 16)
 
 

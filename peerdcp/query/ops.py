@@ -8,8 +8,8 @@ effects on them are invisible to torch by design.
 
 :func:`query_direct` and :func:`query_wait_acks` go through the ops only under ``torch.compile``; eager calls
 (and CUDA-graph captures, which record the same launch) call the launch functions directly, as the Output
-reducer does: an eager gather took 127-158 µs of host time through the op and 36-38 µs without it (T = 1,
-two H200s, session 21, ``scripts/diag/query_eager_profile.py``).
+reducer does: an eager gather takes 127-158 µs of host time through the op and 36-38 µs without it (T = 1,
+two H200s, ``scripts/diag/query_eager_profile.py``).
 """
 
 from __future__ import annotations

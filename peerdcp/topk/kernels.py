@@ -128,7 +128,7 @@ def _logits_kernel(
 
     Each step scores GROUP pages (GROUP * PAGE tokens) with one dot ``keys [GROUP*PAGE, D] x q^T [D, BLOCK_H]``:
     tokens on the MMA's M side, heads on its N side, so the head sum runs inside a thread's quad rather than
-    across the warps holding M (measured 1.3-1.7x faster than ``q x keys^T`` on H200, session 8).
+    across the warps holding M (measured 1.3-1.7x faster than ``q x keys^T`` on H200).
 
     ``HAS_TABLE``: page j of row t is ``table[t, j]`` for ``j < table_cols``; tokens past the table's columns
     score -inf (a row longer than its table reads no page it was not given). The table entries are loaded

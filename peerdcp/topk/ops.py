@@ -144,8 +144,8 @@ def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
     Place-all mode (1) when the CTAs that fit at once, up to two per SM (one when a CTA's W·k keys take over half
     an SM's shared memory), can give every thread at most two of the row's W·k keys: N = min(ceil(W·k /
     THREADS), fit // rows) CTAs per row, each staging the lists and placing its share of keys, no cut-off search.
-    Otherwise the cut-off mode (0) with :func:`ctas_per_row` CTAs. Measured on one H200 (session 17,
-    ``scripts/diag/merge_scaling.py``, local lists, k = 2048): one row 7.1 -> 4.0 µs at W = 2, 12.5 -> 6.3 at
+    Otherwise the cut-off mode (0) with :func:`ctas_per_row` CTAs. Measured on one H200, cut-off -> place-all
+    (``scripts/diag/merge_scaling.py``, local lists, k = 2048): one row 7.1 -> 4.0 µs at W = 2, 12.5 -> 6.3 at
     W = 4, 22.3 -> 10.8 at W = 8; W = 2 × 64 rows 8.3 -> 6.2 (two CTAs per SM); at four keys per thread in one
     wave (W = 8, 16 rows) and at 256 CTAs of eight keys per thread (W = 4, 128 rows) the cut-off mode wins.
     """
@@ -173,9 +173,9 @@ def merge_pdl(
     (:func:`merge_ctas_per_sm` to an SM) after one-CTA selections.
 
     Measured by one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, k = 2048;
-    RESULTS.md sessions 29 and 30): with PDL 0.3-1.1 µs faster inside the rule, up to 6 µs slower well past it.
+    bench/RESULTS.md, History): with PDL 0.3-1.1 µs faster inside the rule, up to 6 µs slower well past it.
     One-CTA rows (<= 8K scores) gain 0.4-0.7 µs up to 26 rows at W = 2 and 14 at W = 4 and not past: the rule's
-    boundaries with merge CTAs two to an SM (one to an SM, the rule before, stopped at 14 and 7 rows). Clustered
+    boundaries with merge CTAs two to an SM (counting one to an SM would stop at 14 and 7 rows). Clustered
     rows lose inside the two-to-an-SM count (W = 2 x 10-24 rows of 16K: 0.2-1.9 µs), hence one to an SM there.
     At W = 8 (one merge CTA per SM; the cut-off mode from 10 rows) it takes PDL at 1-4 and 10-16 one-CTA rows:
     5-12 rows gained 0.3-0.75 µs, 16 rows of 2K lost 0.2 - the rule leaves ~0.5 µs at 5-8 rows there.
@@ -266,7 +266,7 @@ def select_max_n() -> int:
 def max_select_clusters(ctas: int, device: int) -> int:
     """Most clusters of ``ctas`` selection CTAs resident at once on ``device`` (CUDA's occupancy query; -1 when it
     fails). A cluster must fit in one GPC, so this is below SMs / ctas: e.g. 32 rows x 4 CTAs (128 of 132 SMs) ran
-    as two waves on H200, 1.4x slower than one CTA per row (session 19 call 2)."""
+    as two waves on H200, 1.4x slower than one CTA per row."""
     with torch.cuda.device(device):
         return int(load().peerdcp_topk_select_max_clusters(ctas))
 
@@ -278,7 +278,7 @@ def select_ctas(rows: int, device: int, length: int | None = None) -> int:
     (``length`` · (1 - 1/C)), else 1.
     One CTA of 1024 threads per row leaves the other SMs idle at few rows; a cluster of C splits the row's reads
     C ways, but its steps (the count and histogram exchanges, the funnel into CTA 0, which then sorts alone) cost
-    about as much as one CTA's gather of ~8K scores (session 29, call 4, ``scripts/diag/select_ctas_sweep.py``,
+    about as much as one CTA's gather of ~8K scores (``scripts/diag/select_ctas_sweep.py``,
     8-64 rows: at 8K scores one CTA 11.8-12.0 µs, clusters of 2 / 4 / 8 13.3-13.6 / 12.8-13.0 / 12.8; at 16K one CTA
     13.4-13.8, C = 2 13.6-14.0, C = 4 13.2-13.4, C = 8 12.95; at 32K every cluster faster). A smaller C spares fewer
     scores, so when the largest resident C does not pay, none does. Rows of at most :data:`SELECT_BUF` scores

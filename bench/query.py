@@ -19,7 +19,15 @@ table. Variants (each checked byte-for-byte against allgather-fused on the same 
   (grid), ``allsn-p4``;
 * ``allgather-fused``: pack + NCCL all-gather of the bf16 shards + one fused Triton RoPE/convert kernel;
 * ``allgather-torch``: the same all-gather + the plain-torch reference ops;
-* ``nccl-ag-only``: the NCCL all-gather of the packed bf16 shards alone (the floor of the collective path).
+* ``nccl-ag-only``: the NCCL all-gather of the packed bf16 shards alone (the floor of the collective path);
+* ``vllm-fused_q-ag`` (a peer, when scripts/setup_peers.sh has extracted it): vLLM 0.34.0's Triton ``fused_q``
+  of this rank's heads (FP8: its packed e4m3 rows; BF16: its rotated rope part beside the nope part), NCCL
+  ``all_gather_into_tensor`` and the rank-major reorder (what vLLM's ``all_gather(dim=1)`` does). It is timed only
+  when its output is byte-equal to allgather-fused or inside ``widened_query_bounds`` on every rank
+  (``bench.peers.fused_q``); otherwise a ``check`` row says it differs.
+
+The summaries' ``best_peer`` is the fastest correct peer at each T (allgather-fused, allgather-torch,
+vllm-fused_q-ag) and ``vs_best_peer`` its time over direct_best's.
 
 Timing: ``bench.common.time_op`` (``calls`` back-to-back calls per CUDA graph, device barrier before every
 replay, inputs rotated), then the median over replays of the slowest rank. The table printed last is the
@@ -128,8 +136,64 @@ EAGER_VARIANTS = {
     "allgather-fused",
     "allgather-torch",
     "nccl-ag-only",
+    "vllm-fused_q-ag",
 }
 EAGER_QUICK = {"direct-cuda-auto-vmm", "allgather-fused"}
+PEER_FUSED_Q = "vllm-fused_q-ag"
+# the other projects' ways to the widened query (best_peer / vs_best_peer); nccl-ag-only is a floor, not a peer
+PEER_VARIANTS = ("allgather-fused", "allgather-torch", PEER_FUSED_Q)
+
+
+def _peer_fused_q(cfg: dict, ctx: dict, T: int, sets: list, ref_out: torch.Tensor) -> list[dict]:
+    """vLLM's fused_q + NCCL all-gather on this T: checked against allgather-fused's bytes (then, where any rank
+    differs, against ``widened_query_bounds`` over every rank's inputs), timed when it matches."""
+    import torch.distributed as dist
+
+    from bench.peers import fused_q as peer
+
+    mod, cs, H, out_dtype, out_name = ctx["mod"], ctx["cs"], ctx["H"], ctx["out_dtype"], ctx["out_name"]
+    W, dev, D = dist.get_world_size(), sets[0][0].device, 576
+    q_scale = torch.ones(1, dtype=torch.float32, device=dev)
+    gathered = torch.empty(W * T * H * D, dtype=out_dtype, device=dev)
+    out = torch.empty((T, W * H, D), dtype=out_dtype, device=dev)
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.14 renamed it
+
+    def step(i: int) -> None:
+        n, p, pos = sets[i % len(sets)]
+        shard = peer.rank_rows(mod, n, p, pos, cs, out_dtype, q_scale)
+        ag(gathered.view(torch.uint8), shard.view(torch.uint8).reshape(-1))
+        out.view(T, W, H, D).copy_(gathered.view(W, T, H, D).transpose(0, 1))
+
+    step(0)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    same = torch.tensor(
+        [int(torch.equal(out.view(torch.uint8), ref_out[:, : W * H].contiguous().view(torch.uint8)))], device=dev
+    )
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    if int(same):
+        verdict, detail = "byte-equal", "byte-equal to allgather-fused on every rank"
+    else:  # every rank's set-0 inputs, for the bound (collective: every rank takes this branch together)
+        n, p, pos = sets[0]
+        ns, ps = [torch.empty_like(n) for _ in range(W)], [torch.empty_like(p) for _ in range(W)]
+        dist.all_gather(ns, n.contiguous())
+        dist.all_gather(ps, p.contiguous())
+        verdict, detail = peer.verdict(out, ns, ps, pos, cs, out_dtype)
+        flag = torch.tensor([int(verdict != "different")], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not int(flag) and verdict != "different":
+            verdict, detail = "different", "inside the bound here, outside it on another rank"
+    base = dict(H=H, out=out_name, T=T, variant=PEER_FUSED_Q, check=f"{verdict}: {detail}")
+    if verdict == "different":
+        return [dict(base, mode="check", us=float("nan"), ok=False)]
+    rows = []
+    for mode in cfg["modes"]:
+        if mode == "eager" and PEER_FUSED_Q not in (EAGER_QUICK if cfg["quick"] else EAGER_VARIANTS):
+            continue
+        us = time_op(step, graph=mode == "graph", calls=cfg["calls"], iters=cfg["iters"], lead_us=cfg["lead_us"])
+        st = slowest_rank(us)
+        rows.append(dict(base, mode=mode, us=st.median, p20=st.p20, p80=st.p80, n=st.n, ok=True))
+    return rows
 
 
 def rank_main(cfg: dict) -> list[dict]:
@@ -145,6 +209,11 @@ def rank_main(cfg: dict) -> list[dict]:
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     rows: list[dict] = []
     max_T = max(cfg["tokens"])
+    from bench.peers import fused_q as peer_fq
+
+    peer_mod = None
+    if not cfg.get("variants") or PEER_FUSED_Q in cfg["variants"]:
+        peer_mod, _ = peer_fq.load()  # every rank loads the same extracted file: all time it or none
     for H in cfg["heads"]:
         for out_name in cfg["dtypes"]:
             out_dtype = torch.float8_e4m3fn if out_name == "fp8" else torch.bfloat16
@@ -232,6 +301,9 @@ def rank_main(cfg: dict) -> list[dict]:
                             )
                         )
                     qg.check()
+                if peer_mod is not None:
+                    ctx = dict(mod=peer_mod, cs=cs, H=H, out_dtype=out_dtype, out_name=out_name)
+                    rows.extend(_peer_fused_q(cfg, ctx, T, sets, ref_out))
                 if me == 0 and cfg["verbose"]:
                     print(f"[H={H} {out_name}] T={T} done ({len(rows)} rows)", flush=True)
             for qg, _ in objs.values():
@@ -269,6 +341,12 @@ def summary(rows: list[dict], H: int, out: str, mode: str) -> list[dict]:
         dflt = _lookup(rows, H, out, T, mode, "direct-cuda-auto-vmm")
         if ag is None or best is None:
             continue
+        peer_rows = [
+            r
+            for r in (_lookup(rows, H, out, T, mode, v) for v in PEER_VARIANTS)
+            if r is not None and r["ok"] is not False
+        ]
+        best_peer = min(peer_rows, key=lambda r: r["us"]) if peer_rows else None
         speed = ag["us"] / best["us"]
         ok = speed >= TARGET_SPEEDUP and (T != 1 or best["us"] <= TARGET_T1_US)
         table.append(
@@ -280,11 +358,34 @@ def summary(rows: list[dict], H: int, out: str, mode: str) -> list[dict]:
                 "direct_best": best["us"],
                 "best_variant": best["variant"],
                 "speedup": speed,
+                "best_peer": best_peer["variant"] if best_peer else None,
+                "best_peer_us": best_peer["us"] if best_peer else None,
+                "vs_best_peer": best_peer["us"] / best["us"] if best_peer else None,
                 "target": "met" if ok else "MISSED" if T <= 256 else "-",
                 "bytes_ok": all(r["ok"] is not False for r in rows if r["T"] == T and r["H"] == H and r["out"] == out),
             }
         )
     return table
+
+
+def _peer_lines(rows: list[dict], peers) -> list[str]:
+    """One line per Query peer: vLLM's fused_q + all-gather as checked in this run (the first case of each
+    output dtype, and every case that differs), or why it did not run; then the peers that never run here."""
+    from bench.peers import fused_q as peer_fq
+
+    lines = []
+    checked = [r for r in rows if r["variant"] == PEER_FUSED_Q]
+    if not checked:
+        _, why = peer_fq.load()
+        lines.append(f"peer {peer_fq.NAME}: skipped: {why}")
+    seen = set()
+    for r in checked:
+        first = r["out"] not in seen
+        seen.add(r["out"])
+        if r["mode"] == "check" or (first and r["mode"] != "eager"):
+            state = "DIFFERENT ANSWER, not timed" if r["mode"] == "check" else "matches, timed"
+            lines.append(f"peer {PEER_FUSED_Q}: {state} (H={r['H']} {r['out']} T={r['T']}: {r['check']})")
+    return lines + [f"peer {n}: skipped: {w}" for n, w in peers.QUERY_PEERS]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -329,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     hdr = header()
     from bench import peers
 
-    hdr["peers"] = [f"peer {n}: skipped: {why}" for n, why in peers.QUERY_PEERS]
+    hdr["peers"] = _peer_lines(rows, peers)
     hdr["wall_s"] = round(time.time() - t0, 1)
     hdr["config"] = cfg
     from pathlib import Path
@@ -364,7 +465,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\nH={H} {out} graph (µs, slowest rank, median):")
             print(
                 format_table(
-                    summary(rows, H, out, "graph"), ["T", "allgather_fused", "direct_best", "speedup", "best_variant"]
+                    summary(rows, H, out, "graph"),
+                    ["T", "allgather_fused", "direct_best", "speedup", "best_variant", "best_peer", "vs_best_peer"],
                 )
             )
     print(
@@ -384,6 +486,9 @@ def main(argv: list[str] | None = None) -> None:
         "direct_best",
         "best_variant",
         "speedup",
+        "best_peer",
+        "best_peer_us",
+        "vs_best_peer",
         "target",
         "bytes_ok",
     ]

@@ -11,7 +11,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 VLLM_VERSION=0.34.0
 DEST=${PEERDCP_PEERS:-.peers}
-FILES=(vllm/v1/attention/ops/dcp.py)
+# dcp.py: the Output a2a/ag_rs; kernels.py: fused_q (the RoPE + FP8 query kernel); dcp_indexer_cutedsl.py and
+# dcp_topk_direct.py: the Top-K candidate pack, the stable select (CuTeDSL) and the symmetric-memory push
+FILES=(
+  vllm/v1/attention/ops/dcp.py
+  vllm/models/deepseek_v32/common/kernels.py
+  vllm/model_executor/kernels/attention/dsa/dcp_indexer_cutedsl.py
+  vllm/model_executor/kernels/attention/dsa/dcp_topk_direct.py
+)
 missing=0
 for f in "${FILES[@]}"; do [ -f "$DEST/$f" ] || missing=1; done
 if [ "$missing" = 0 ]; then

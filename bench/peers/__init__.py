@@ -69,21 +69,113 @@ def _install_vllm_stubs() -> None:
                 return False
             raise AttributeError(name)
 
-    for pkg in ("vllm", "vllm.model_executor", "vllm.model_executor.warmup", "vllm.v1", "vllm.v1.attention",
-                "vllm.v1.attention.ops", "vllm.v1.worker"):
+    for pkg in (
+        "vllm",
+        "vllm.model_executor",
+        "vllm.model_executor.warmup",
+        "vllm.v1",
+        "vllm.v1.attention",
+        "vllm.v1.attention.ops",
+        "vllm.v1.worker",
+    ):
         _stub(pkg)
     sys.modules.setdefault("vllm.envs", _Envs("vllm.envs"))
     _stub("vllm.config", VllmConfig=_Placeholder)
     _stub("vllm.distributed", get_dcp_group=_never)
     _stub("vllm.logger", init_logger=logging.getLogger)
     _stub("vllm.model_executor.warmup.jit_warmup", WarmupIntRange=_Placeholder, kernel_launcher=_identity)
-    _stub("vllm.model_executor.warmup.jit_warmup_triton_helper", LaunchSpec=_Placeholder,
-          TritonWarmupTensor=_Placeholder, VllmTritonJitKernel=_Placeholder, triton_scalar_specialization_rep=_never)
+    _stub(
+        "vllm.model_executor.warmup.jit_warmup_triton_helper",
+        LaunchSpec=_Placeholder,
+        TritonWarmupTensor=_Placeholder,
+        VllmTritonJitKernel=_Placeholder,
+        triton_scalar_specialization_rep=_never,
+    )
     _stub("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=True)
     _stub("vllm.v1.attention.backend", max_decode_query_len=_never)
-    _stub("vllm.v1.attention.ops.cp_common", DirectCPWorkspace=_Placeholder,
-          direct_cp_enabled=lambda *a, **k: False, direct_cp_multicast_enabled=lambda *a, **k: False)
+    _stub(
+        "vllm.v1.attention.ops.cp_common",
+        DirectCPWorkspace=_Placeholder,
+        direct_cp_enabled=lambda *a, **k: False,
+        direct_cp_multicast_enabled=lambda *a, **k: False,
+    )
     _stub("vllm.v1.worker.ubatching", dbo_current_ubatch_id=lambda: 0)
+    # kernels.py (fused_q) and the DSA Top-K modules
+    for pkg in (
+        "vllm.models",
+        "vllm.models.deepseek_v32",
+        "vllm.models.deepseek_v32.common",
+        "vllm.model_executor.kernels",
+        "vllm.model_executor.kernels.attention",
+        "vllm.model_executor.kernels.attention.dsa",
+    ):
+        _stub(pkg)
+    _stub("vllm.platforms", current_platform=_Platform())
+    _stub("vllm.utils")
+    _stub("vllm.utils.deep_gemm", mqa_logits_use_mx_scales=_never)
+    _stub("vllm.v1.attention.ops.common", pack_ue8m0_x4=_never)
+    _stub("vllm.v1.kv_cache_interface", is_quantized_kv_cache=_never)
+    _stub("vllm.distributed.parallel_state", GroupCoordinator=_Placeholder, get_dcp_group=_never)
+
+
+class _Platform:
+    """Stand-in for ``vllm.platforms.current_platform``, with the answers vLLM gives on NVIDIA hardware except
+    ``is_cuda``: False keeps ``fused_q`` on its Triton kernel (on CUDA vLLM first tries ``fused_q_cutedsl``,
+    a CuTeDSL kernel that needs nvidia-cutlass-dsl; see :data:`QUERY_PEERS`)."""
+
+    @staticmethod
+    def fp8_dtype():
+        import torch
+
+        return torch.float8_e4m3fn
+
+    @staticmethod
+    def is_cuda() -> bool:
+        return False
+
+    @staticmethod
+    def is_arch_support_pdl() -> bool:  # vLLM: compute capability 9.0 or newer
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def load_vllm_file(rel: str, extra_stubs: dict[str, dict] | None = None) -> tuple[types.ModuleType | None, str]:
+    """One file of vLLM's wheel, extracted under ``ROOT``, as module ``rel`` (dots), or ``(None, why)``.
+
+    ``extra_stubs`` are stand-in modules registered only while the file executes (then removed from
+    ``sys.modules`` again, so that nothing else in the process sees them), for third-party packages whose
+    names the file binds at module level but whose code the loaded kernels never run.
+    """
+    name = rel.removesuffix(".py").replace("/", ".")
+    if name in _cache:
+        return _cache[name]
+    path = ROOT / rel
+    res: tuple[types.ModuleType | None, str]
+    if not path.is_file():
+        res = (None, f"vllm {VLLM_VERSION} not extracted ({path} missing; run scripts/setup_peers.sh)")
+        _cache[name] = res
+        return res
+    added: list[str] = []
+    try:
+        _install_vllm_stubs()
+        for mod_name, attrs in (extra_stubs or {}).items():
+            if mod_name not in sys.modules:
+                _stub(mod_name, **attrs)
+                added.append(mod_name)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        res = (mod, f"vllm {VLLM_VERSION} {rel} from {ROOT}")
+    except Exception as e:  # noqa: BLE001 - any load failure is a reason to report
+        sys.modules.pop(name, None)
+        res = (None, f"vllm {VLLM_VERSION} {rel} does not load: {type(e).__name__}: {e}")
+    finally:
+        for mod_name in added:
+            sys.modules.pop(mod_name, None)
+    _cache[name] = res
+    return res
 
 
 def load_vllm_dcp() -> tuple[types.ModuleType | None, str]:
@@ -95,7 +187,8 @@ def load_vllm_dcp() -> tuple[types.ModuleType | None, str]:
     if "vllm_dcp" in _cache:
         return _cache["vllm_dcp"]
     res: tuple[types.ModuleType | None, str]
-    if importlib.util.find_spec("vllm") is not None and "vllm" not in sys.modules:
+    # (checked before find_spec: a stand-in "vllm" registered by another loader has no __spec__)
+    if "vllm" not in sys.modules and importlib.util.find_spec("vllm") is not None:
         try:
             import vllm.v1.attention.ops.dcp as mod  # a real install
 
@@ -146,17 +239,38 @@ def vllm_a2a_pack(mod: types.ModuleType, out, lse, world_size: int):
     return send
 
 
+_AG_RS_WHY = (
+    "cp_lse_ag_out_rs = NCCL all-gather of the LSEs + CorrectAttnCPOutKernel + reduce-scatter: no compiled "
+    "op (the kernel is plain Triton), but it launches through vLLM's JIT-warmup runtime (VllmTritonJitKernel, "
+    "kernel_launcher, CPTritonContext) on a vllm.distributed GroupCoordinator, which the stand-ins do not "
+    "provide: not wired into bench.output"
+)
+_DIRECT_WHY = (
+    "DirectDCPA2AWorkspace.lse_reduce calls torch.ops._C.direct_dcp_a2a_lse_reduce, registered by "
+    "vllm/_C_stable_libtorch.abi3.so (88.7 MB, more than the 64 MiB carry; built against torch 2.14.0, "
+    "which vllm 0.34.0 pins, and a stable-ABI extension loads only into the torch it was built for or a "
+    "newer one: not torch 2.11 or 2.13)"
+)
+_FLASHINFER_WHY = (
+    f"flashinfer-python {FLASHINFER_VERSION} holds decode_cp_a2a_lse_reduce (flashinfer/comm/"
+    "dcp_lse_reduce.py, csrc/dcp_lse_reduce.cu): it JIT-builds with nvcc for SM90+ against torch's "
+    "c10d NCCL symmetric-memory headers (symm_mem/nccl_dev_cap.hpp, nccl_devcomm_manager.hpp) and "
+    "NCCL's device API (ncclDevCommCreate; 'requires NCCL >= 2.29 with device communicator "
+    "support'), needs a cooperative launch and one NVLink (LSA) domain, and imports the whole "
+    "flashinfer package (101 MB wheel, 715 MB extracted; apache-tvm-ffi, nvidia-cutlass-dsl, "
+    "nccl4py): more than the 64 MiB carry, so not on the offline GPU machine"
+)
+
+
 def status() -> list[tuple[str, bool, str]]:
-    """``(peer, loadable, reason)`` for every peer of issue 54, for a benchmark's header."""
+    """``(peer, loadable, reason)`` for every Output peer of issue 54, for a benchmark's header."""
     mod, why = load_vllm_dcp()
-    rows = [("vllm-a2a", mod is not None, why)]
-    rows.append(("vllm-ag_rs", False, "cp_lse_ag_out_rs runs through vLLM's JIT-warmup kernel runtime "
-                 "(vllm.platforms, vllm.envs): not loadable without the full vLLM package"))
-    rows.append(("vllm-direct", False, "DirectDCPA2AWorkspace (symmetric memory, vLLM's compiled torch.ops._C, "
-                 "built for torch 2.14): not loaded by bench/peers"))
-    rows.append(("flashinfer-a2a", False, f"flashinfer-python {FLASHINFER_VERSION} holds decode_cp_a2a_lse_reduce "
-                 "(flashinfer/comm/dcp_lse_reduce.py) but JIT-builds it against NCCL's device API: not wired yet"))
-    return rows
+    return [
+        ("vllm-a2a", mod is not None, why),
+        ("vllm-ag_rs", False, _AG_RS_WHY),
+        ("vllm-direct", False, _DIRECT_WHY),
+        ("flashinfer-a2a", False, _FLASHINFER_WHY),
+    ]
 
 
 def check_vllm_a2a(device: str, world: int = 2, T: int = 4, H: int = 8, D: int = 512) -> tuple[bool | None, str]:
@@ -202,9 +316,67 @@ def report_lines(device: str | None = None) -> list[str]:
     return lines
 
 
-QUERY_PEERS = [("vllm-fused_q", "vllm.models.deepseek_v32.common.kernels fused_q + NCCL all-gather: not loaded yet")]
-TOPK_PEERS = [
-    ("vllm-topk-ag", "pack_dcp_topk_candidates_cutedsl + stable_topk_from_gathered_candidates_cutedsl (CuTeDSL, "
-     "needs nvidia-cutlass-dsl): not loaded yet"),
-    ("vllm-topk-direct", "DirectDCPTopKWorkspace (symmetric-memory inboxes): not loaded yet"),
+QUERY_PEERS = [
+    (
+        "vllm-fused_q-cutedsl",
+        "fused_q_cutedsl (vllm/models/deepseek_v32/nvidia/ops/fused_q_cutedsl.py, which vLLM "
+        "tries first on CUDA): CuTeDSL, needs nvidia-cutlass-dsl (its libs wheel alone is 92 MB, more than the 64 MiB "
+        "carry); the Triton fused_q it falls back to is the peer timed",
+    ),
+    (
+        "vllm-direct-q",
+        "DirectDCPQGatherWorkspace: torch.ops._C.direct_dcp_q_gather (vllm/_C_stable_libtorch.abi3.so, "
+        "torch 2.14.0) over NVLink multicast, which stays off here",
+    ),
 ]
+"""The Query peers that never run here, with the reason (``bench.peers.fused_q`` is the one that does)."""
+
+TOPK_PEERS = [
+    (
+        "vllm-topk-ag",
+        "pack_dcp_topk_candidates_cutedsl (Triton: runs, checked by bench.peers.topk) + NCCL all-gather "
+        "+ stable_topk_from_gathered_candidates_cutedsl: the select is CuTeDSL (nvidia-cutlass-dsl 4.8 + quack-kernels "
+        "0.6.5 + cuda-bindings, compiled through the CUDA driver; the libs wheel alone is 92 MB, more than the 64 MiB "
+        "carry): no vLLM ids to check or time",
+    ),
+    (
+        "vllm-topk-direct",
+        "DirectDCPTopKWorkspace.merge: pack + _push_candidates_kernel (Triton: run, checked by "
+        "bench.peers.topk) + _publish_and_wait_kernel (PTX trap in inline asm: GPU only; its inboxes need a "
+        "symmetric-memory rendezvous, vllm.v1.attention.ops.cp_common.DirectCPWorkspace) + "
+        "stable_topk_from_pingpong_candidates_cutedsl (CuTeDSL, as above): no vLLM ids to check or time",
+    ),
+]
+"""The Top-K peers, skipped in bench.topk with the reason: their selects need CuTeDSL."""
+
+
+def query_lines(device: str | None = None) -> list[str]:
+    """bench.query's peer lines: fused_q checked on ``device`` (BF16 and FP8, 2 simulated ranks) or skipped."""
+    import torch
+
+    from bench.peers import fused_q
+
+    lines = []
+    mod, why = fused_q.load()
+    if mod is None:
+        lines.append(f"peer {fused_q.NAME}: skipped: {why}")
+    elif device is None:
+        lines.append(f"peer {fused_q.NAME}: loaded: {why}")
+    else:
+        for dt in (torch.bfloat16, torch.float8_e4m3fn):
+            ok, detail = fused_q.check(device, out_dtype=dt)
+            verdict = "matches" if ok else "DIFFERENT ANSWER, not timed"
+            lines.append(f"peer {fused_q.NAME}: {verdict} ({detail})")
+    return lines + [f"peer {n}: skipped: {w}" for n, w in QUERY_PEERS]
+
+
+def topk_lines(device: str | None = None) -> list[str]:
+    """bench.topk's peer lines: the pack / push checks on ``device`` (when given), then the skipped selects."""
+    lines = []
+    if device is not None:
+        from bench.peers import topk
+
+        for name, ok, detail in topk.check(device, rows=4, L=3 * 2048, k=2048):
+            state = "skipped" if ok is None else "ran, matches" if ok else "ran, DIFFERENT"
+            lines.append(f"peer {name}: {state}: {detail}")
+    return lines + [f"peer {n}: skipped: {w}" for n, w in TOPK_PEERS]

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Issue 8 on nvidia-h200-x4 (or -x8 with WORLD=8), in parts of one device call each (the stage budgets are the
-# durations measured at W = 4 on 2026-11-30, session 15, plus a margin; W = 4 tests take 2-4x their W = 2 time):
+# durations measured at W = 4 plus a margin; W = 4 tests take 2-4x their W = 2 time):
 #   PART=1 (~300 s): the W-dependent Query tests (sentinel push first), the main job, and short benchmarks of the
 #          three mechanisms with their baselines in the same process;
 #   PART=2 (~330 s): the memory, Output and Top-K W-dependent tests;
-#   PART=3 (~300 s): the Query back-to-back eager test (200 calls; 281 s at W = 4 in session 16, call 1);
-#   PART=4 (~250 s): the Top-K merge since session 16 (cut-offs, CTAs per row): its W-dependent tests and
+#   PART=3 (~300 s): the Query back-to-back eager test (200 calls; 281 s at W = 4);
+#   PART=4 (~250 s): the Top-K merge's cut-offs and CTAs per row: its W-dependent tests and
 #          bench.topk's merge part with every CTA count; bench.output at T <= 32 with the LL range, without
 #          it and LL at every T (the W = 2 policy, LL to T = 8, is slow at T = 8 at W = 4);
 #   PART=5 (<= 590 s): every test of the memory, Top-K and Output GPU suites (vmm and symm, the NCCL baselines in
-#          graphs); PART=6 (<= 590 s): every Query GPU test. At W = 2 (session 21) Top-K's 89 tests took 59 s and
-#          memory 7 + JIT 1 + Query 60 + Output 60 took 431 s together; W = 4 may not fit one call each.
+#          graphs); PART=6 (<= 590 s): every Query GPU test. At W = 2 Top-K's 89 tests take 59 s and
+#          memory 7 + JIT 1 + Query 60 + Output 60 take 431 s together; W = 4 may not fit one call each.
 # Logs (and query.json) under $OUT, at most 8 files (the device returns no more).
 # Usage: WORLD=4 PART=1 bash scripts/dcp4_check.sh   (WORLD=2 runs the same on nvidia-h200-x2)
 set -uo pipefail

@@ -5,7 +5,7 @@
 # run at the same time (memory-ordering races between GPUs running together are not exercised here), torch
 # symmetric memory refuses ranks on one GPU (the symm cases skip) and NCCL too (device collectives go through
 # gloo, so a collective captured in a CUDA graph skips). Graph-replay tests run conftest.replays(n) replays.
-# Measured on one H200 (2026-12-01, session 20) at W = 8: ~50 + 20 + 270 + 230 s.
+# Measured on one H200 at W = 8: ~50 + 20 + 270 + 230 s.
 # Usage: WORLD=8 bash scripts/shared_check.sh   (logs under $OUT, like scripts/gpu_check.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -7,8 +7,8 @@ send the selection to its trim + network-sort fallback, per score distribution a
 range, descending, and falls back when a bucket holding one of the n = 2048 largest holds more than ``kMaxBucket``
 keys (bucket 0: 256). Maps: ``score`` (even widths in score, the kernel's first choice) and ``bits`` (even widths in
 the ordered 32-bit score - about the log of |score|; the kernel's map when the scores' range is not finite).
-Prints the fallback rate for kMaxBucket 32 (the kernel until session 31) and 128, with the score map alone and with
-a retry by the bits map (the kernel since session 32: 128 and the retry, ``bucket_top<true>``). ``indexer``:
+Prints the fallback rate for kMaxBucket 32 and 128, with the score map alone and with a retry by the bits map (the
+kernel's rule: 128 and the retry, ``bucket_top<true>``). ``indexer``:
 ``bench.topk`` part 2's scores (random FP8 key bytes, power-of-two scales, 64 heads). A model of the rule, not of the
 kernel's time.
 """

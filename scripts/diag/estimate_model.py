@@ -1,9 +1,8 @@
 """A numpy model of the CUDA selection's threshold estimate (``sample_thresholds`` and the walk in
 csrc/topk_select.cu), on CPU: how many gather passes a row of more than 4096 local scores needs, per score
-distribution, with the samples bucketed even in score over their whole range (the kernel until session 32), over a
-range that a few far outliers do not stretch (the kernel since session 33: ``robust_range``), or even in their bits
-(about log |score|; session 32's measured, not kept, ``estimate_bits_*.patch``), and the crowding flag those patches
-and session 33's ``estimate_loop*.patch`` used.
+distribution, with the samples bucketed even in score over their whole range, over a range that a few far outliers
+do not stretch (the kernel's rule: ``robust_range``), or even in their bits (about log |score|; measured, not the
+kernel's), and the crowding flag of the alternative estimates measured beside them.
 
     python3 scripts/diag/estimate_model.py [--lengths 8192 16384 65536 131072] [--rows 100]
 
@@ -34,7 +33,7 @@ RADIX = 9  # printed for a walk that ends in the radix select
 
 
 def robust_range(xs: np.ndarray) -> tuple[float, float]:
-    """The samples' range in the kernel since session 33: sample s (kernel order: s = r * 1024 + thread) belongs to
+    """The samples' range in the kernel: sample s (kernel order: s = r * 1024 + thread) belongs to
     lane s % 32, 8 groups of 4 lanes; the largest group minimum to the smallest group maximum, or the whole range
     where those cross."""
     lane = np.arange(len(xs)) % 32
@@ -46,8 +45,8 @@ def robust_range(xs: np.ndarray) -> tuple[float, float]:
 
 def thresholds(x: np.ndarray, samples: int, mode: str) -> list[tuple[int, int]]:
     """Per threshold f: (samples in its bucket, keys of the row at or above it). mode: ``whole`` (the score map over
-    the samples' whole range, the kernel until session 32), ``robust`` (over ``robust_range``, the kernel since
-    session 33) or ``bits`` (over the samples' bits). Finite scores only."""
+    the samples' whole range), ``robust`` (over ``robust_range``, the kernel's) or ``bits`` (over the samples'
+    bits). Finite scores only."""
     nloc = len(x)
     xs = x[(np.arange(samples) * nloc) // samples].astype(np.float32)
     o = ordered(xs)

@@ -9,7 +9,7 @@ cut-off mode forced to N CTAs per row, ``pN`` (``--place-all N ...``) - the plac
 Triton merge, ``topk`` - ``torch.topk`` over the W·k gathered keys (the local half of the all-gather baseline).
 Every variant's ids are checked equal to ``topk``'s. On the real path the merge reads the peers' lists over
 NVLink and waits for their flags (bench/topk's ``merge_only`` at W GPUs); this measures the part that grows
-with W on one SM per row, which session 15 found slow at W = 4 (one CTA placing W·k keys). µs per call: CUDA
+with W on one SM per row, slow at W = 4 with one CTA placing W·k keys. µs per call: CUDA
 graph, 20 calls per replay, median of 50 replays. A diagnosis tool, not a claim.
 """
 

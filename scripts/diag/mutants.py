@@ -605,7 +605,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "0xFFFFFFFF, or fully written with no 0xFFFF half): one half decides",
         equivalent=True,
     ),
-    # ---------------------------------------------------------------- CUDA merge and scan (one GPU; session 39)
+    # ------------------------------------------------------------------------- CUDA merge and scan (one GPU)
     Mutant(
         "cuda.merge.cutoff.lo_overshoots",
         MRG,
@@ -660,8 +660,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "static_cast<const int32_t*>(p.seq_lens)[t];",
         "const int64_t L = static_cast<const int64_t*>(p.seq_lens)[t];",
         (ONE + "[cuda-64-0-1-int32]", ONE + "[cuda-20-3-6-int32]"),
-        "int32 seq_lens read as int64 (two lengths fused; past the tensor at the last row): until session 39 no test "
-        "passed int32 lengths to the CUDA scan",
+        "int32 seq_lens read as int64 (two lengths fused; past the tensor at the last row): only the int32 cases "
+        "pass int32 lengths to the CUDA scan",
         gpu=True,
     ),
     Mutant(
@@ -792,7 +792,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pp = pp < 0 ? 0 : pp;",
         (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
         "positions >= max_pos read past the cos/sin table (staged rows: every CUDA path on H200): only the oob "
-        "cases (session 39) send such positions",
+        "cases send such positions",
         gpu=True,
     ),
     Mutant(
@@ -801,7 +801,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);",
         "pp = pp >= a.max_pos ? a.max_pos - 1 : pp;",
         (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
-        "negative positions read before the cos/sin table: only the oob cases (session 39) send them",
+        "negative positions read before the cos/sin table: only the oob cases send them",
         gpu=True,
     ),
     Mutant(

@@ -4,7 +4,7 @@
 
 For every build setting (``PEERDCP_NVCC_EXTRA`` -D flags; prebuild them on the build machine with the same
 variable so the GPU machine does not compile) and every ``TUNING["cuda_programs_per_sm"]``, one
-``python -m bench.output --quick`` run of the default kernel (PDL since session 5) and ``nopdl`` (vmm), with
+``python -m bench.output --quick`` run of the default kernel (with PDL) and ``nopdl`` (vmm), with
 peerdcp's a2a in the same process as the reference point. Prints one table (µs, CUDA graph, slowest rank,
 median). A tuning tool, not a claim: the claims come from the full benchmark with SGLang's a2a in the same run.
 """

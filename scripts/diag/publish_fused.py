@@ -1,5 +1,5 @@
 """The direct Top-K's stage 1 + publish on ONE GPU: the publish inside the selection kernel against the selection
-followed by the publish kernel (what ``TopK.select`` launched before session 26).
+followed by the publish kernel (the path of ``TopK.merge`` called on its own).
 
     python3 scripts/diag/publish_fused.py OUT_DIR [--worlds 2 4] [--rows 1 8 32 128 512] [--lengths 16384 65536]
 

@@ -1,7 +1,8 @@
 """Where a Query path's bytes differ from the fp32 reference (ranks sharing one GPU: PEERDCP_SHARED_GPU=1).
 
-Session 39: the Triton roped / push paths of a rope_dim 512 case with out-of-table positions differed on the GPU
-(`fp8-interleaved-T5-H2-rope512-oob`) while CUDA, Triton raw / exposed and both allgathers matched. This prints,
+Written for a rope_dim 512 case with out-of-table positions (`fp8-interleaved-T5-H2-rope512-oob`) whose Triton
+roped / push paths differed on the GPU while CUDA, Triton raw / exposed and both allgathers matched (the cause: an
+unaligned peer-slot pointer, see ``peerdcp.query.kernels._slot_pointer``). This prints,
 per case variant and path, how many bytes differ, where (token, widened head, nope / rope part) and a sample.
 
     PEERDCP_SHARED_GPU=1 python3 scripts/diag/query_mismatch.py [--world 2]

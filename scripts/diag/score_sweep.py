@@ -11,9 +11,8 @@ and S pipeline stages (Triton's default without ``s``),
 through ``peerdcp.topk.cache.TUNING``; ``empty`` - a one-program kernel that stores one value: the per-call
 floor of any kernel in this harness.
 
-Session 8: call 1 compared the table load masked by the row length against one masked by the table width
-(adopted); call 4 compared ``q x keys^T`` (then the library's) against ``keys x q^T`` with 1, 2 and 4 pages per
-dot (adopted; 1.3-1.7x faster); call 5 swept the pages per dot and per program of the new kernel.
+The library's choices it measures: the table load masked by the table width, not by the row length; ``keys x q^T``
+with 1, 2 or 4 pages per dot (1.3-1.7x faster than ``q x keys^T``); the pages per dot and per program.
 
 ``--configs`` replaces the built-in list (``G:N:S``; N or S 0 = the library's choice); ``--policies M/m:N1,N2,..``
 adds the library's policy (``peerdcp.topk.cache._scan_npage``) with other candidates (pages per program) and
@@ -33,13 +32,10 @@ local, so their times are rank 0's of a real W-rank run, without the slowest-ran
 stages); ``rep_TBs`` / ``sh_TBs`` are every variant's scanned bytes per second (TB/s). After the table: every
 compiled scoring kernel's registers, shared memory and resident programs per SM.
 
-History. Session 14 swept the pages per program 1-16 at 1-128 rows (the policy ``_scan_npage``), 3 stages, and
-two loops that run ahead of the dot (``bench/results/2026-11-30/s14/call2/scan_prefetch_modes.patch``; slower,
-not kept). Session 15 measured, with options this file then had: a persistent kernel (a balanced (row, page)
-split over F programs per SM) and a 64-register cap (8 programs per SM instead of 7)
-(``bench/results/2026-11-30/s15/call2/persistent_maxnreg.patch``: 20-30 % slower; within the spread), and session
-14's table-first loop at 3 and 4 stages (``--configs 1:0:3:1`` with ``.../s14/call9/table_first.patch``: the keys
-then triple-buffered; up to 7 % faster replicated at 128 rows, slower sharded and at 8-64 rows). None kept.
+Measured and not in the library (bench/RESULTS.md, History): two loops that run ahead of the dot (slower); a
+persistent kernel (a balanced (row, page) split over F programs per SM; 20-30 % slower); a table-first
+loop at 3 and 4 stages with the keys triple-buffered (up to 7 % faster replicated at 128 rows, slower sharded and
+at 8-64 rows).
 
 Prints one table: µs per call (CUDA graph, 20 calls per replay, slowest rank, median), replicated (``rep``) and
 owner-sharded (``sh``) caches, and the ratio sh / rep. A diagnosis tool, not a claim (bench/topk makes the claims).
@@ -64,7 +60,6 @@ from bench.common import format_table, run_ranks, slowest_rank, time_op, warm_gp
 from bench.floor import empty_kernel  # noqa: E402
 
 # (pages per dot, pages per program, pipeline stages; 0 = the library's choice)
-# (call 6 of session 8 swept (1, 1|2|4|8|16, 0), (1, 4|8|16, 4), (1, 4|8, 2), (2, 2, 0))
 CONFIGS = [(1, 0, 0), (1, 0, 2), (1, 4, 0), (1, 4, 2), (1, 16, 0), (1, 16, 2)]
 
 

@@ -3,16 +3,13 @@
     python3 scripts/diag/select_dist.py [--lengths 2048 4096 16384 65536] [--rows 1 32 128]
 
 ``bucket_top`` (csrc/topk_select.cu) spreads 2048 buckets evenly over the gathered keys' score range; when a bucket
-holding one of the n largest keys holds more than kMaxBucket keys it spreads them once more evenly over the keys'
-bits, and when that overflows too it falls back to a radix trim and a network sort (until session 32: kMaxBucket 32
-and no second map). Normal scores (``bench.topk --local``) never overflow; heavy-tailed ones - such as ``bench.topk``
-part 2's own indexer scores over random FP8 keys with power-of-two scales from 2^-9 to 2^-4 - can. This times
-``_local_keys`` (top 2048, one rank, the library's CTA rule) per distribution: ``normal`` and ``indexer``
-(``bench.topk._local_scores``), ``lognormal`` (sigma 1), ``cauchy``, ``sinkX`` (normal, local row 0 scored X: one
-far outlier, always among the estimate's samples);
-µs per call (``merge_scaling._time``: CUDA graph of 20 calls, median of 50 replays), keys checked equal to the torch
-path. (Session 31's table in bench/RESULTS.md came from this script's first form, which timed 21 replays of its own
-graph.)
+holding one of the n largest keys holds more than kMaxBucket keys it spreads them once more evenly over the keys' bits,
+and when that overflows too it falls back to a radix trim and a network sort. Normal scores (``bench.topk --local``)
+never overflow; heavy-tailed ones - such as ``bench.topk`` part 2's own indexer scores over random FP8 keys with
+power-of-two scales from 2^-9 to 2^-4 - can. This times ``_local_keys`` (top 2048, one rank, the library's CTA rule) per
+distribution: ``normal`` and ``indexer`` (``bench.topk._local_scores``), ``lognormal`` (sigma 1), ``cauchy``, ``sinkX``
+(normal, local row 0 scored X: one far outlier, always among the estimate's samples); µs per call
+(``merge_scaling._time``: CUDA graph of 20 calls, median of 50 replays), keys checked equal to the torch path.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""vLLM 0.34.0's a2a pack + combine (bench/peers) against peerdcp's reference, under the Triton interpreter.
+"""vLLM 0.34.0's peers (bench/peers) against peerdcp's references, under the Triton interpreter.
+
+a2a Output pack + combine:
 
 The all-to-all itself is a permutation (rank r receives every source's slot r), done here by indexing, so the
 peer's two kernels are checked for every rank of W simulated ranks in one process. A peer API change shows up
@@ -9,6 +11,14 @@ outputs differ from the float64 combine by up to 2 bf16 ulps (0.0156 at |x| in [
 the correctly rounded fp32 result. ``test_vllm_a2a_outside_fp32_bound`` pins that finding (a benchmark reports
 the peer as giving a different answer); ``test_vllm_a2a_layout`` checks the exchange layout and weights, whose
 faults give O(1) errors, at 3 bf16 ulps of the largest output.
+
+fused_q (bench/peers/fused_q.py): the interpreter's own bf16 / e4m3 casts are not the GPU's round-to-nearest-even
+(bf16 truncates; e4m3 errs by up to 8 steps), so on CPU the BF16 output is checked as layout + math: the nope
+part byte-equal to ``widened_query``, the rotated part within one bf16 step of the fp32 contract's value; the
+FP8 output, and byte equality / the fp32 bound, only on a GPU (``python -m bench.peers.gpu_check``).
+
+Top-K (bench/peers/topk.py): vLLM's Triton pack and symmetric-memory push for simulated ranks: every packed
+pair, the inbox layout, and canonical_topk over the candidates equal to canonical_topk over the full logits.
 """
 
 from __future__ import annotations
@@ -33,6 +43,74 @@ def vllm_dcp():
     if mod is None:
         pytest.skip(why)
     return mod
+
+
+def _runs_here() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs under TRITON_INTERPRET=1 (test_peers_under_interpreter starts that process)")
+    return "cpu"
+
+
+@pytest.fixture(scope="module")
+def vllm_fused_q():
+    _runs_here()
+    from bench.peers import fused_q
+
+    mod, why = fused_q.load()
+    if mod is None:
+        pytest.skip(why)
+    return mod
+
+
+@pytest.mark.parametrize("W,T,H", [(2, 3, 4), (4, 2, 2)])
+def test_vllm_fused_q_bf16(vllm_fused_q, W: int, T: int, H: int) -> None:
+    from bench.peers import fused_q
+    from peerdcp.query import reference as ref
+    from peerdcp.query.rope import cos_sin_cache
+
+    dev = _runs_here()
+    cs = cos_sin_cache("deepseek-v3.2", device=dev)
+    g = torch.Generator().manual_seed(100 * W + T)
+    nopes = [torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(dev) for _ in range(W)]
+    pes = [torch.randn(T, H, 64, generator=g).to(torch.bfloat16).to(dev) for _ in range(W)]
+    pos = torch.randint(0, cs.shape[0], (T,), generator=g).to(dev)
+    pos[0] = 0  # position 0: cos 1, sin 0, the rotation is exact
+    got = torch.cat([fused_q.rank_rows(vllm_fused_q, nopes[r], pes[r], pos, cs, torch.bfloat16) for r in range(W)], 1)
+    want = ref.widened_query(nopes, pes, pos, cs, out_dtype=torch.bfloat16)
+    assert got.shape == want.shape == (T, W * H, 576)
+    assert torch.equal(got[..., :512].view(torch.int16), want[..., :512].view(torch.int16)), "nope part moved"
+    rows = cs[pos.long()].unsqueeze(1)
+    exact = torch.cat([ref.apply_rope(p, rows, "interleaved") for p in pes], dim=1).double()  # fp32 contract
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(2.0**-126))) - 7)
+    err = (got[..., 512:].double() - exact).abs()
+    assert bool((err < ulp).all()), f"rotated part off by {float((err / ulp).max()):.2f} bf16 steps"
+    if dev == "cuda":
+        res, detail = fused_q.verdict(got, nopes, pes, pos, cs, torch.bfloat16)
+        assert res != "different", detail
+
+
+def test_vllm_fused_q_fp8(vllm_fused_q) -> None:
+    from bench.peers import fused_q
+
+    if _runs_here() != "cuda":
+        pytest.skip("the interpreter's e4m3 cast is not the GPU's saturating RNE: checked on a GPU only")
+    ok, detail = fused_q.check("cuda", out_dtype=torch.float8_e4m3fn)
+    assert ok, detail
+
+
+@pytest.mark.parametrize("W,I", [(2, 1), (4, 64)])
+def test_vllm_topk_pack_and_push(W: int, I: int) -> None:
+    from bench.peers import topk
+
+    dev = _runs_here()
+    res = topk.check(dev, world=W, rows=3, L=1200, k=256, interleave=I)
+    assert [r[0] for r in res] == ["vllm-topk-pack", "vllm-topk-push"]
+    for name, ok, detail in res:
+        if ok is None:
+            pytest.skip(detail)
+        assert ok, f"{name}: {detail}"
 
 
 @pytest.mark.parametrize("W,T,H,D", [(2, 3, 4, 16), (4, 2, 8, 32)])
@@ -80,8 +158,9 @@ def test_vllm_pack_rejects_bad_heads(vllm_dcp) -> None:
         peers.vllm_a2a_pack(vllm_dcp, torch.zeros(1, 3, 8, dtype=torch.bfloat16), torch.zeros(1, 3), 2)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="the tests above run in this process")
+@pytest.mark.skipif(
+    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1", reason="the tests above run in this process"
+)
 def test_peers_under_interpreter() -> None:
     """On CPU, this file again in a child process under TRITON_INTERPRET=1 (the mode is fixed per process)."""
     from bench import peers
@@ -90,7 +169,13 @@ def test_peers_under_interpreter() -> None:
     if not (peers.ROOT / "vllm").is_dir():
         pytest.skip(why)
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                       env=env, capture_output=True, text=True, timeout=300)
-    # 4 = the layout cases, the bound finding, the argument check; only this test skips in the child
-    assert r.returncode == 0 and "4 passed, 1 skipped" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # 8 = a2a: the layout cases, the bound finding, the argument check; fused_q BF16 (two cases); the Top-K pack
+    # and push (two cases). Skipped in the child: fused_q FP8 (GPU only) and this test
+    assert r.returncode == 0 and "8 passed, 2 skipped" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

@@ -12,6 +12,9 @@ the correctly rounded fp32 result. ``test_vllm_a2a_outside_fp32_bound`` pins tha
 the peer as giving a different answer); ``test_vllm_a2a_layout`` checks the exchange layout and weights, whose
 faults give O(1) errors, at 3 bf16 ulps of the largest output.
 
+ag_rs: vLLM's CorrectAttnCPOutKernel on every simulated rank, then the reduce-scatter's bf16 sum, against
+``combine`` (layout and weights, at W + 1 bf16 ulps of the largest output).
+
 fused_q (bench/peers/fused_q.py): the interpreter's own bf16 / e4m3 casts are not the GPU's round-to-nearest-even
 (bf16 truncates; e4m3 errs by up to 8 steps), so on CPU the BF16 output is checked as layout + math: the nope
 part byte-equal to ``widened_query``, the rotated part within one bf16 step of the fp32 contract's value; the
@@ -136,6 +139,36 @@ def test_vllm_a2a_layout(vllm_dcp, W: int, T: int, H: int, D: int) -> None:
         torch.testing.assert_close(got_l.cpu().double(), want_l.cpu(), rtol=2**-14, atol=2**-14)
 
 
+@pytest.mark.parametrize("W", [2, 4])
+def test_vllm_ag_rs_correction(vllm_dcp, W: int) -> None:
+    """vLLM's ag_rs: CorrectAttnCPOutKernel on every simulated rank, then the reduce-scatter's bf16 sum. Each rank's
+    corrected output and the sum round to bf16 once each: within W + 1 bf16 ulps of the largest output; the LSE,
+    computed in fp32 from fp32 inputs, to fp32 accuracy."""
+    from bench import peers
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    T, H, D = 3, 2 * W, 32
+    g = torch.Generator().manual_seed(3000 + W)
+    outs = [torch.randn(T, H, D, generator=g).to(torch.bfloat16).to(dev) for _ in range(W)]
+    lses = [(3 * torch.randn(T, H, generator=g)).to(dev) for _ in range(W)]
+    lses[1][0, 0] = float("-inf")  # an empty source for one row: zero weight
+    gathered = torch.stack(lses)
+    res = [peers.vllm_ag_rs_correct(vllm_dcp, outs[r], gathered, r) for r in range(W)]
+    total = res[0][0]
+    for c, _ in res[1:]:
+        total = (total.float() + c.float()).to(torch.bfloat16)
+    h = H // W
+    for r in range(W):
+        want_o, want_l = ref.combine(*ref.rank_sources(outs, lses, r), return_lse=True)
+        got = total[:, r * h : (r + 1) * h].cpu().double()
+        ulp = 2.0 ** (torch.floor(torch.log2(want_o.abs().max())) - 7)
+        err = (got - want_o.cpu()).abs().max()
+        assert err <= (W + 1) * ulp, f"rank {r}: max error {float(err)} > {W + 1} bf16 ulps"
+        for s in range(W):  # every rank computes the same merged LSE
+            got_l = res[s][1][:, r * h : (r + 1) * h].cpu().double()
+            torch.testing.assert_close(got_l, want_l.cpu(), rtol=1e-5, atol=1e-5)
+
+
 def test_vllm_a2a_outside_fp32_bound(vllm_dcp) -> None:
     from bench import peers
 
@@ -176,6 +209,6 @@ def test_peers_under_interpreter() -> None:
         text=True,
         timeout=300,
     )
-    # 8 = a2a: the layout cases, the bound finding, the argument check; fused_q BF16 (two cases); the Top-K pack
-    # and push (two cases). Skipped in the child: fused_q FP8 (GPU only) and this test
-    assert r.returncode == 0 and "8 passed, 2 skipped" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    # 10 = a2a: the layout cases, the bound finding, the argument check; ag_rs (two cases); fused_q BF16 (two
+    # cases); the Top-K pack and push (two cases). Skipped in the child: fused_q FP8 (GPU only) and this test
+    assert r.returncode == 0 and "10 passed, 2 skipped" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

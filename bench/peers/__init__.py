@@ -2,11 +2,14 @@
 
 vLLM 0.34.0 ships its DCP Output exchange in ``vllm/v1/attention/ops/dcp.py``, whose module-level imports pull in
 vLLM's config, distributed state, platform probing and JIT-warmup runtime (torch 2.14 wheels, compiled ``_C``).
-The a2a pack (``_dcp_a2a_pack_send``) and combine (``_dcp_a2a_unpack_combine``) are plain Triton kernels that need
-none of that, so :func:`load_vllm_dcp` loads that one file from the wheel's extracted tree (``scripts/setup_peers.sh``
-puts it under ``/.peers/``; ``PEERDCP_PEERS`` overrides) after registering stand-in modules for the names it imports.
-The stand-ins are placeholders (no vLLM code): anything that would need the real runtime (the ``ag_rs`` path through
-``CorrectAttnCPOutKernel``, the direct symmetric-memory workspaces) is reported as not loadable by :func:`status`.
+The a2a pack (``_dcp_a2a_pack_send``), its combine (``_dcp_a2a_unpack_combine``) and the ag_rs correction
+(``CorrectAttnCPOutKernel.kernel``) are plain Triton kernels that need none of that, so :func:`load_vllm_dcp`
+loads that one file from the wheel's extracted tree (``scripts/setup_peers.sh`` puts it under ``/.peers/``;
+``PEERDCP_PEERS`` overrides) after registering stand-in modules for the names it imports; :func:`load_vllm_file`
+does the same for the Query (``bench.peers.fused_q``) and Top-K (``bench.peers.topk``) files. The stand-ins are
+placeholders (no vLLM code): what needs the real runtime (the JIT-warmup launcher, the symmetric-memory
+workspaces, vLLM's compiled ``torch.ops._C``, the CuTeDSL kernels) is reported with the reason by :func:`status`,
+:data:`QUERY_PEERS` and :data:`TOPK_PEERS`.
 
 Every loader returns ``(module or None, reason)`` so that a benchmark can say which peer it skipped and why.
 """
@@ -240,10 +243,10 @@ def vllm_a2a_pack(mod: types.ModuleType, out, lse, world_size: int):
 
 
 _AG_RS_WHY = (
-    "cp_lse_ag_out_rs = NCCL all-gather of the LSEs + CorrectAttnCPOutKernel + reduce-scatter: no compiled "
-    "op (the kernel is plain Triton), but it launches through vLLM's JIT-warmup runtime (VllmTritonJitKernel, "
-    "kernel_launcher, CPTritonContext) on a vllm.distributed GroupCoordinator, which the stand-ins do not "
-    "provide: not wired into bench.output"
+    "cp_lse_ag_out_rs = NCCL all-gather of the LSEs + CorrectAttnCPOutKernel + reduce-scatter needs no compiled op; "
+    "its Triton kernel runs here (check_vllm_ag_rs, launched directly), but the function itself launches through "
+    "vLLM's JIT-warmup runtime (VllmTritonJitKernel, kernel_launcher, CPTritonContext) on a vllm.distributed "
+    "GroupCoordinator, which the stand-ins do not provide: checked, not timed in bench.output"
 )
 _DIRECT_WHY = (
     "DirectDCPA2AWorkspace.lse_reduce calls torch.ops._C.direct_dcp_a2a_lse_reduce, registered by "
@@ -267,7 +270,7 @@ def status() -> list[tuple[str, bool, str]]:
     mod, why = load_vllm_dcp()
     return [
         ("vllm-a2a", mod is not None, why),
-        ("vllm-ag_rs", False, _AG_RS_WHY),
+        ("vllm-ag_rs", mod is not None, _AG_RS_WHY if mod is not None else why),
         ("vllm-direct", False, _DIRECT_WHY),
         ("flashinfer-a2a", False, _FLASHINFER_WHY),
     ]
@@ -303,12 +306,60 @@ def check_vllm_a2a(device: str, world: int = 2, T: int = 4, H: int = 8, D: int =
     return n_bad == 0, detail
 
 
+def vllm_ag_rs_correct(mod: types.ModuleType, out, lses, rank: int):
+    """vLLM's ``CorrectAttnCPOutKernel`` (the middle of ``cp_lse_ag_out_rs``) for one rank: ``out [T, H, D]`` this
+    rank's partial output, ``lses [W, T, H]`` every rank's LSE (the all-gather) -> ``(out weighted by
+    exp(lse_rank - lse), lse)``, in ``out``'s dtype. Launched directly with the grid and constexprs of vLLM's
+    ``__call__`` (``(T, H, 1)``, N_ROUNDED = the gathered count); vLLM's JIT-warmup launcher is not loaded."""
+    import torch
+
+    T, H, D = out.shape
+    new = torch.empty_like(out)
+    lse = torch.empty_strided((T, H), lses.stride()[1:], dtype=lses.dtype, device=lses.device)
+    mod.CorrectAttnCPOutKernel.kernel[(T, H, 1)](
+        out, new, lses, lse, *out.stride(), *lses.stride(), rank,
+        HEAD_DIM=D, N_ROUNDED=lses.shape[0], IS_BASE_E=True,
+    )  # fmt: skip
+    return new, lse
+
+
+def check_vllm_ag_rs(device: str, world: int = 2, T: int = 4, H: int = 8, D: int = 512) -> tuple[bool | None, str]:
+    """vLLM's ag_rs for ``world`` simulated ranks: the correction kernel on every rank, then the reduce-scatter's
+    sum in bf16 (each hop of NCCL's bf16 sum rounds to bf16; ranks added in rank order), against peerdcp's fp32
+    bound. Returns as :func:`check_vllm_a2a`."""
+    import torch
+
+    from peerdcp.output import reference as ref
+
+    mod, why = load_vllm_dcp()
+    if mod is None:
+        return None, why
+    g = torch.Generator().manual_seed(55)
+    outs = [torch.randn(T, H, D, generator=g).to(torch.bfloat16).to(device) for _ in range(world)]
+    lses = [(3 * torch.randn(T, H, generator=g)).to(device) for _ in range(world)]
+    gathered = torch.stack(lses)
+    corrected = [vllm_ag_rs_correct(mod, outs[r], gathered, r)[0] for r in range(world)]
+    total = corrected[0]
+    for c in corrected[1:]:
+        total = (total.float() + c.float()).to(torch.bfloat16)
+    n_bad, n, err, h = 0, 0, 0.0, H // world
+    for r in range(world):
+        got = total[:, r * h : (r + 1) * h].cpu()
+        lo, hi, _, _ = ref.dcp_reduce_bounds([o.cpu() for o in outs], [x.cpu() for x in lses], r)
+        n_bad += int(ref.outside_bounds(got, lo, hi).sum())
+        n += got.numel()
+        want = ref.combine(*ref.rank_sources([o.cpu() for o in outs], [x.cpu() for x in lses], r))
+        err = max(err, float((got.double() - want).abs().max()))
+    detail = f"W={world} T={T} H={H} D={D}: {n_bad}/{n} outside peerdcp's fp32 bound, max |err| {err:.4g}"
+    return n_bad == 0, detail
+
+
 def report_lines(device: str | None = None) -> list[str]:
     """One line per peer for a benchmark's report: loaded, checked (when ``device``), or skipped and why."""
     lines = []
     for name, ok, why in status():
-        if name == "vllm-a2a" and ok and device is not None:
-            res, detail = check_vllm_a2a(device)
+        if name in ("vllm-a2a", "vllm-ag_rs") and ok and device is not None:
+            res, detail = (check_vllm_a2a if name == "vllm-a2a" else check_vllm_ag_rs)(device)
             verdict = "correct" if res else "DIFFERENT ANSWER, not timed"
             lines.append(f"peer {name}: {verdict} ({detail})")
         else:

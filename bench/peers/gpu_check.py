@@ -7,7 +7,8 @@ concatenation done by indexing):
   ``widened_query_bounds`` (bench.peers.fused_q says why that bound);
 * vLLM's Top-K pack (top-k 2048, W = 2 and 4, interleave 1 and 64) and symmetric-memory push against
   ``canonical_topk`` (bench.peers.topk);
-* vLLM's a2a pack + combine (W = 2 and 4) against peerdcp's fp32 bound.
+* vLLM's a2a pack + combine and its ag_rs correction kernel + a bf16 reduce-scatter sum (W = 2 and 4) against
+  peerdcp's fp32 bound.
 
 Each line is ``peer NAME: ran, matches (...)``, ``peer NAME: ran, DIFFERENT (...)`` or ``peer NAME: skipped: why``;
 the process exits 0 either way (a different answer is a finding), 1 only when a check raised.
@@ -37,7 +38,7 @@ def main() -> int:
     if dev == "cpu":
         print(
             "note: under TRITON_INTERPRET=1 Triton's bf16 / e4m3 casts are not the GPU's round-to-nearest-even, so a "
-            "DIFFERENT verdict of fused_q or a2a here is the interpreter's; the GPU run decides"
+            "DIFFERENT verdict of fused_q, a2a or ag_rs here is the interpreter's; the GPU run decides"
         )
     failed = 0
     checks = []
@@ -50,6 +51,8 @@ def main() -> int:
         )
     for world in (2, 4):
         checks.append(("vllm-a2a", lambda world=world: [peers.check_vllm_a2a(dev, world=world)]))
+    for world in (2, 4):
+        checks.append(("vllm-ag_rs", lambda world=world: [peers.check_vllm_ag_rs(dev, world=world)]))
     for name, fn in checks:
         try:
             for res in fn():
@@ -60,7 +63,7 @@ def main() -> int:
             print(f"peer {name or 'vllm-topk'}: ERROR {type(e).__name__}: {e}", flush=True)
             traceback.print_exc()
     for name, _, why in peers.status():
-        if name != "vllm-a2a":
+        if name not in ("vllm-a2a", "vllm-ag_rs"):
             print(_line(name, None, why))
     for name, why in peers.QUERY_PEERS + peers.TOPK_PEERS:
         print(_line(name, None, why))

@@ -164,9 +164,13 @@ def _peer_fused_q(cfg: dict, ctx: dict, T: int, sets: list, ref_out: torch.Tenso
         ag(gathered.view(torch.uint8), shard.view(torch.uint8).reshape(-1))
         out.view(T, W, H, D).copy_(gathered.view(W, T, H, D).transpose(0, 1))
 
-    step(0)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    base = dict(H=H, out=out_name, T=T, variant=PEER_FUSED_Q)
+    try:  # a peer that fails to launch (e.g. a Triton without PDL) fails alike on every rank: reported, not timed
+        step(0)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return [dict(base, mode="check", us=float("nan"), ok=False, check=f"error: {type(e).__name__}: {e}")]
     same = torch.tensor(
         [int(torch.equal(out.view(torch.uint8), ref_out[:, : W * H].contiguous().view(torch.uint8)))], device=dev
     )
@@ -183,7 +187,7 @@ def _peer_fused_q(cfg: dict, ctx: dict, T: int, sets: list, ref_out: torch.Tenso
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if not int(flag) and verdict != "different":
             verdict, detail = "different", "inside the bound here, outside it on another rank"
-    base = dict(H=H, out=out_name, T=T, variant=PEER_FUSED_Q, check=f"{verdict}: {detail}")
+    base["check"] = f"{verdict}: {detail}"
     if verdict == "different":
         return [dict(base, mode="check", us=float("nan"), ok=False)]
     rows = []

@@ -222,7 +222,7 @@ CUDA_PUSH = {
     "push_sn": CUDA_SN,
     "push_sn16": dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=0),  # 16-byte (interleaved RoPE)
     # SN with the call's grid cut to ceil(T * H / 3) blocks, no floor (the default: / 2, at least one per SM);
-    # the object's whole grid (session 11's)
+    # the object's whole grid
     "push_sn_u3": dict(CUDA_SN, cuda_sn_units_per_block=3, cuda_sn_min_blocks_per_sm=0),
     "push_sn_whole": dict(CUDA_SN, cuda_sn_units_per_block=0),
     "push_plain": _OFF,
@@ -778,7 +778,7 @@ def mismatch_map(case: dict, impl: str, exchange: str, memory: str = "vmm") -> d
         out = qg.gather(nopes[me], pes[me], pos, cs, out=poisoned(qg, T)).cpu()
         nope = qg.nope_dim
         bits = torch.uint8 if case["out"] == FP8 else torch.int16
-        slot_bad = -1  # roped: this rank's finished rows in its own parity slot (call 1: slot 1), as the producer
+        slot_bad = -1  # roped: this rank's finished rows in its own parity slot (first call: slot 1), as the producer
         if exchange == "roped":  # stored them, against its own rows of the reference
             H, D = qg.heads_per_rank, qg.head_dim
             rows = qg._buf.view(me, (T, H, D), out.dtype, qg._data_off + qg._slot_bytes).cpu()

@@ -478,7 +478,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype:
     Error bound: ``rtol * sum_h |w| sum_d |q k| * scale``. rtol is 1e-5 for the interpreter (fp32 numpy
     dot) and 2^-10 on GPU, where Hopper's FP8 tensor cores keep about 14 mantissa bits while they accumulate
     (DeepSeek-V3 report, section 3.3.2) and round at each of the accumulation steps of a 128-term dot (four k = 32
-    MMAs, each summing its products in parts). Measured worst (session 23, both GPU kernels on the same data):
+    MMAs, each summing its products in parts). Measured worst (both GPU kernels on the same data):
     6.7e-4 = 2^-10.5 with 1 to 4 heads, where nothing averages the heads' errors; 8.6e-5 with 64 heads. A wrong
     token, page, head or scale is off by O(1)."""
     W, r = dist.get_world_size(), dist.get_rank()
@@ -818,8 +818,8 @@ def scoring_refused_cap(seed: int) -> dict:
 
 @one_thread
 def audit_inputs(device: str = "cpu") -> dict:
-    """Session 35's audit: inputs that used to pass the checks and give wrong results (a seq_lens column view
-    read as contiguous; block-table starts off the alignment) or fail late (a 0-d k_scale, cache=None, a huge
+    """Inputs that the checks must refuse, each of which otherwise gives wrong results (a seq_lens column view
+    read as contiguous; block-table starts off the alignment) or fails late (a 0-d k_scale, cache=None, a huge
     max_seq_len with a block table, force_first = 2^63). Each must raise ValueError / TypeError."""
     dev = _device(device)
     K = 8

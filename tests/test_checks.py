@@ -1,5 +1,5 @@
 """The argument helpers and errors every public class shares (``peerdcp._checks``, ``peerdcp.errors``,
-``peerdcp._dist``): found wanting by session 35's audit."""
+``peerdcp._dist``)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def test_devices_that_do_not_exist_are_value_errors():
 
 
 def test_a_cuda_launch_never_takes_a_stream_for_host_tensors():
-    """``kernel_support.current_stream_handle`` (every ctypes launch's stream) refuses a non-CUDA device: before
-    session 41 it returned the current device's stream, so a launch with host pointers ran (and faulted the GPU)."""
+    """``kernel_support.current_stream_handle`` (every ctypes launch's stream) refuses a non-CUDA device: were it to
+    return the current device's stream, a launch with host pointers would run (and fault the GPU)."""
     from peerdcp.kernel_support import current_stream_handle
 
     for dev in ("cpu", "meta"):

@@ -231,8 +231,8 @@ def test_misaligned_peer_addresses_on_one_rank_are_a_setup_error_on_every_rank(p
 @pytest.mark.parametrize("addr", [0x1000_0000, 0xC000_0000], ids=["int32", "uint32"])
 def test_error_word_below_4gib_in_the_interpreter(pools, addr):
     """The error word's address as a 32-bit scalar (below 2^31: int32, below 2^32: uint32), as on a machine whose
-    Python is not position-independent (its heap lies there; session 41 found the interpreted kernels failing on
-    the GPU machine): the signal round trip works and a missing peer still writes the word and times out."""
+    Python is not position-independent (its heap lies there, as on the GPU machines): the signal round trip works
+    and a missing peer still writes the word and times out."""
     res = pools(2).run(fns.with_error_word_at, addr, "kernel_roundtrip", 2, 37)
     if "unmappable" in res:
         pytest.skip(f"cannot map a page at {addr:#x} here")

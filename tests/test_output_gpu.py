@@ -41,7 +41,7 @@ VARIANTS = {
     "cuda_chunked": ("cuda", None),
     "cuda_chunked_only": ("cuda", 0),  # every T on the chunked kernel (no LL)
     "cuda_chunked_split": ("cuda", None),
-    "cuda_nopdl": ("cuda", None),  # the kernel without PDL (the default until session 5)
+    "cuda_nopdl": ("cuda", None),  # the kernel without PDL
     "cuda_ll128_32": ("cuda", None),  # LL128 band (20, 32] instead of the default (20, 48]
     "cuda_sentinel": ("cuda", None),
     "cuda_sentinel_only": ("cuda", 0),

@@ -26,7 +26,7 @@ HOST = dict(max_tokens=4, heads_per_rank=3, head_dim=16, backend="direct", memor
 
 
 def test_opts_names_and_masks():
-    assert R.TUNING["cuda_opts"] == ("pdl", "sentinel")  # the default (session 9)
+    assert R.TUNING["cuda_opts"] == ("pdl", "sentinel")  # the default
     assert set(R._CUDA_OPTS) == set(ops.OPTS)
     assert ops.opts_mask(()) == 0
     assert ops.opts_mask(("tight_grid", "pdl")) == 5
@@ -60,7 +60,7 @@ def test_ll128_band(monkeypatch):
     band = R.ll128_band
     assert (R.TUNING["cuda_ll128_min_tokens"], R.TUNING["cuda_ll128_max_tokens"]) == (20, 0)  # the default: off
     assert band(None, ("pdl",), 256, 8, 16, 512) == (0, 0)
-    monkeypatch.setitem(R.TUNING, "cuda_ll128_max_tokens", 48)  # the band logic, with session 5's default band
+    monkeypatch.setitem(R.TUNING, "cuda_ll128_max_tokens", 48)  # the band logic, with LL128's best band (20, 48]
     assert band(None, ("pdl",), 256, 8, 16, 512) == (48, 20)
     assert band(None, ("pdl",), 32, 8, 16, 512) == (32, 20)  # capped at max_tokens
     assert band(None, ("pdl",), 16, 8, 16, 512) == (0, 0)  # max_tokens inside the LL128 floor: never used
@@ -144,7 +144,7 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
 def test_ll128_bit_chosen_per_call_from_T():
     """The launcher sets the LL128 bit for T above ll128_min_tokens only (the C side then takes LL128 for
     T <= ll128_max_tokens). Checked on the parameter block the call fills (``_fill``), without a launch: the peer
-    addresses are fake (a launch faulted the GPU of session 41's run and every later test in the process)."""
+    addresses are fake (a launch would fault the GPU and every later test in the process)."""
     pdl, ll128 = ops.OPTS["pdl"], ops.OPTS["ll128"]
     launcher = ops.DirectLauncher(
         peer_addrs=[0x1000, 0x2000], epochs=torch.zeros(4, dtype=torch.int64), err_addr=0, rank=0, heads=16,

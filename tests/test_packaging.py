@@ -1,7 +1,7 @@
 """What a plain ``pip install peerdcp`` (a wheel, not an editable checkout) carries: the CUDA C++ sources that
-``peerdcp.jit`` builds at first use. Until session 35 no wheel held them (they sit in the checkout's top-level
-``csrc/``, DESIGN.md section 2), so an installed peerdcp could build none of its kernels: every CUDA fast path fell
-back to Triton. ``setup.py`` now copies them into the wheel as ``peerdcp/csrc/``."""
+``peerdcp.jit`` builds at first use. They sit in the checkout's top-level ``csrc/`` (DESIGN.md section 2), so
+``setup.py`` copies them into the wheel as ``peerdcp/csrc/``; without them an installed peerdcp could build none of
+its kernels and every CUDA fast path would fall back to Triton."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_create_close_cycles_leave_nothing(pools):
 
 
 def test_bf16_subnormal_pe_exact_on_cpu(pools):
-    """q_pe of bf16 subnormals, BF16 output: every CPU path equals the reference bit for bit (before session 35
-    the interpreter's bf16 -> fp32 widening made most rotated elements differ, by up to 88 bf16 steps)."""
+    """q_pe of bf16 subnormals, BF16 output: every CPU path equals the reference bit for bit (a wrong bf16 ->
+    fp32 widening of subnormals in the interpreter makes most rotated elements differ, by up to 88 bf16 steps)."""
     for r in pools(2).run(fns.subnormal_pe):
         assert r == {"ref32 == ref64": True, "direct raw": 0, "direct push": 0, "allgather None": 0}, r

@@ -610,8 +610,8 @@ def test_sglang_merge_and_query_routed_two_ranks(pools):
 
 
 def test_env_knobs_are_checked_with_the_flags():
-    """``PEERDCP_SGLANG_TIMEOUT_S`` / ``PEERDCP_SGLANG_MAX_TOKENS`` are validated with the flags (before session 35
-    a bad value passed the launcher and failed in every worker as a bare ValueError)."""
+    """``PEERDCP_SGLANG_TIMEOUT_S`` / ``PEERDCP_SGLANG_MAX_TOKENS`` are validated with the flags (so a bad value
+    fails at the launcher, not in every worker as a bare ValueError)."""
     assert O.env_problems({}) == []
     assert O.env_problems({O.ENV_TIMEOUT: "30", O.ENV_MAX_TOKENS: "64"}) == []
     for env, what in (({O.ENV_TIMEOUT: "ten"}, "not a number"), ({O.ENV_TIMEOUT: "inf"}, "at most"),

@@ -236,7 +236,8 @@ def test_cuda_scan_backend_rule():
 
 def test_scan_npage_policy():
     """``_scan_npage`` follows its documented rule (checked against a brute-force reading of the rule for every
-    shape of a grid), always returns a candidate, and with session 8's settings reproduces session 8's loop."""
+    shape of a grid), always returns a candidate, and with the 1 / 4 / 16-page settings reproduces the ladder loop
+    that multiplies the pages by 4 while 8 programs per SM remain."""
     from unittest import mock
 
     from peerdcp.topk import cache
@@ -259,7 +260,7 @@ def test_scan_npage_policy():
             return cands[1]
         return cands[0]
 
-    def session8(T, pages, sms, group):
+    def ladder(T, pages, sms, group):
         npage = group
         while npage < 16 * group and T * -(-pages // (npage * 4)) >= 8 * sms:
             npage *= 4
@@ -274,16 +275,16 @@ def test_scan_npage_policy():
         assert got == want and got in [n * g for n in (*t["scan_npages"], *t["scan_wave_npages"])], (T, p, s, g, got)
     old = {"scan_npages": (1, 4, 16), "scan_min_programs_per_sm": 8, "scan_min_programs_per_sm_small": 8}
     with mock.patch.dict(cache.TUNING, {**old, "scan_wave_npages": ()}):
-        assert all(cache._scan_npage(*x) == session8(*x) for x in shapes)
-    # the benchmark's shapes on H200 (132 SMs): (rows, pages) -> pages per program. Session 14 measured the first
-    # five (1, 2, 2, 2, 8); session 18 the mid-size rule: 32 rows x 256 pages (32K sharded) 10, 32 x 512 (32K
-    # replicated) 6, 64 x 256 6, 8 x 1024 (128K sharded) 10, 8 x 2048 6 - and 8 x 512 (32K replicated) 5; session
-    # 19 added 7 and 9 to its candidates: 32 x 512, 8 x 1024 and 8 x 2048 now 9. Session 22's register cap (8
-    # resident per SM): 8 pages at every mid size, 2 at 8 x 512 - at 8 and 32 rows the fastest of 2 and 4-16 (call 5).
+        assert all(cache._scan_npage(*x) == ladder(*x) for x in shapes)
+    # the benchmark's shapes on H200 (132 SMs): (rows, pages) -> pages per program. With the register cap (8
+    # resident per SM): 8 pages at every mid size, 2 at 8 x 512 - at 8 and 32 rows the fastest of 2 and 4-16.
+    # Uncapped (7 resident per SM), the wave-fill rule with 7 and 9 among its candidates: 32 rows x 256 pages (32K
+    # sharded) 10, 32 x 512 (32K replicated) 9, 64 x 256 6, 8 x 1024 (128K sharded) 9, 8 x 2048 9, 8 x 512 (32K
+    # replicated) 5.
     shapes = ((1, 512), (8, 256), (1, 1024), (64, 512), (32, 1024), (32, 256), (32, 512), (64, 256), (8, 1024),
               (8, 2048), (8, 512))  # fmt: skip
     assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 8, 8, 8, 8, 8, 2]
-    with mock.patch.dict(cache.TUNING, {"scan_resident_per_sm": 7}):  # session 19's (uncapped kernel)
+    with mock.patch.dict(cache.TUNING, {"scan_resident_per_sm": 7}):  # the uncapped kernel
         assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
 
 
@@ -354,7 +355,7 @@ def test_select_ctas_rule():
 
 
 def test_audit_inputs_raise(pools):
-    """Inputs that passed the checks before session 35 and then gave wrong ids / scores or failed late."""
+    """Inputs that the checks must refuse: past them they give wrong ids / scores or fail late."""
     for r in pools(2).run(fns.audit_inputs):
         table = r.pop("aligned table")
         for name, msg in r.items():

@@ -253,7 +253,7 @@ def _poisoned_output_and_graph():
 @pytest.mark.parametrize("k", [7, 2048])
 @pytest.mark.parametrize("ctas", [1, 8])
 def test_gpu_select_rows_past_the_width_and_short_tied_rows(ctas, k):
-    """Two inputs no ``CASES`` entry pins (found by a mutation audit, RESULTS session 38):
+    """Two inputs no ``CASES`` entry pins (found by a mutation audit, ``scripts/diag/mutants.py``):
     a row whose global length gives more local rows than the width ``L`` (a contract breach on CUDA tensors, where
     nothing checks it: the kernel must clamp to ``L``, as the reference does, and never read the next row, whose
     scores are made high enough to enter the top k); and a row of 1800 tied scores, fewer than n = 2048 keys but
@@ -304,17 +304,17 @@ def test_gpu_select_rule_first_asked_inside_a_graph_capture():
 # ------------------------------------------------------------------------------- the estimate's passes (speed guard)
 @pytest.mark.parametrize("ctas", [0, 1])
 def test_gpu_select_estimate_ignores_one_far_outlier(ctas):
-    """One far outlier where the threshold estimate always samples (local row 0: an attention sink of 1e4, a finite
-    mask value of -1e30) leaves the estimate in the gather's window: no radix select, at most one pass more than its
-    first (the documented misses of normal scores: ~2 % of 128K rows with 2048 samples, 0.15 % with 4096); and normal
-    rows never send ``bucket_top`` to its retry by the keys' bits. Before session 33's outlier-robust estimate such
-    rows always ended in the radix select (3-6x the time; a3fe001's kernel fails here). The sinks cases above check
-    exactness only, which never depends on the estimate: this test guards its speed. (A gathered sink still sends
-    ``bucket_top`` to its retry, 3-4 us: docs/wip/README.md.) It runs ``scripts/diag/select_phases.py --json`` on the
-    trace build of the kernel (``-DPEERDCP_SELECT_TRACE``, its own cache entry: CTA 0 counts the passes and retries) in
-    a subprocess; ctas 0 = the library's rule (clusters of 8 at one row above 4K), 1 = one CTA per row (4096 samples
-    at 128K). ~4 s each with the trace build in ``$PEERDCP_CACHE``; the first call otherwise compiles it (~1 min on
-    the device: prebuild it with ``PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE``, or give pytest-timeout room)."""
+    """One far outlier where the threshold estimate always samples (local row 0: an attention sink of 1e4, a finite mask
+    value of -1e30) leaves the estimate in the gather's window: no radix select, at most one pass more than its first
+    (the documented misses of normal scores: ~2 % of 128K rows with 2048 samples, 0.15 % with 4096); and normal rows
+    never send ``bucket_top`` to its retry by the keys' bits. With the estimate's range over all the samples such rows
+    always end in the radix select (3-6x the time; such a kernel fails here). The sinks cases above check exactness
+    only, which never depends on the estimate: this test guards its speed. (A gathered sink still sends ``bucket_top``
+    to its retry, 4-4.5 us: peerdcp/topk/README.md, Local candidates.) It runs ``scripts/diag/select_phases.py --json``
+    on the trace build of the kernel (``-DPEERDCP_SELECT_TRACE``, its own cache entry: CTA 0 counts the passes and
+    retries) in a subprocess; ctas 0 = the library's rule (clusters of 8 at one row above 4K), 1 = one CTA per row (4096
+    samples at 128K). ~4 s each with the trace build in ``$PEERDCP_CACHE``; the first call otherwise compiles it (~1 min
+    on the device: prebuild it with ``PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE``, or give pytest-timeout room)."""
     root = Path(__file__).resolve().parents[1]
     kinds, lengths, reps = ["normal", "sink1e4", "sink-1e30"], [4096, 16384, 131072], 5
     cmd = [sys.executable, str(root / "scripts/diag/select_phases.py"), "--json", "--reps", str(reps)]

@@ -1,4 +1,4 @@
-"""The ``peerdcp`` command: ``probe``, ``run`` (the main job) and ``bench``."""
+"""The ``peerdcp`` command: ``probe``, ``generate`` (the main job), ``run`` (one layer, timed) and ``bench``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return main_run(args)
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import main_generate
+
+    return main_generate(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib.util
     import runpy
@@ -53,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("probe", help="report which peer-memory kinds are eligible here, and why")
     pp.add_argument("--json", action="store_true", help="machine-readable output")
     pp.set_defaults(func=_cmd_probe)
+
+    pg = sub.add_parser(
+        "generate", help="a transformers DSA/MLA model decoding with DCP beside the unsharded model, checked"
+    )
+    from .generate import add_generate_arguments
+
+    add_generate_arguments(pg)
+    pg.set_defaults(func=_cmd_generate)
 
     pr = sub.add_parser("run", help="one DCP decode step through all three mechanisms, checked")
     from .run import add_run_arguments

@@ -3,7 +3,9 @@
 Per layer it keeps the latent ``c_kv [B, n_local, kv_lora]`` and the roped ``k_pe [B, n_local, rope]`` of the
 columns this rank owns (column ``g`` of the batch's padded sequence is owned by rank ``(g // I) % W``, at local
 row ``(g // (I*W))*I + g % I``: DESIGN.md section 3), while :meth:`get_seq_length` and :meth:`get_mask_sizes`
-report the *global* length, so transformers' position ids and masks stay its own.
+report the *global* length, so transformers' position ids and masks stay its own. With the exact (fp32) indexer
+a layer also keeps the owned rows of the indexer's roped keys (:meth:`ShardedLatentLayer.update_index`); the FP8
+indexer keeps them in a :class:`peerdcp.IndexKCache` instead.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class ShardedLatentLayer(CacheLayerMixin):
             )
         self.rank, self.world_size, self.interleave = rank, world_size, interleave
         self.length = 0  # global columns seen
+        self.index_keys: torch.Tensor | None = None  # [B, n_local, D] (exact indexer only)
+        self._last = (0, 0)  # global columns of the last update
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B = key_states.shape[0]
@@ -70,8 +74,24 @@ class ShardedLatentLayer(CacheLayerMixin):
         mine = self.owned_columns(self.length, self.length + S, key_states.device) - self.length
         self.keys = torch.cat([self.keys, key_states[:, mine]], dim=1)
         self.values = torch.cat([self.values, value_states[:, mine]], dim=1)
+        self._last = (self.length, self.length + S)
         self.length += S
         return self.keys, self.values
+
+    def update_index(self, k: torch.Tensor) -> torch.Tensor:
+        """Append the owned rows of the indexer keys ``k [B, S, D]`` of the columns of the last :meth:`update`;
+        return this rank's ``[B, n_local, D]``."""
+        start, stop = self._last
+        if k.dim() != 3 or k.shape[1] != stop - start or k.shape[0] != self.keys.shape[0]:
+            raise ValueError(
+                f"ShardedLatentLayer.update_index: expected [{self.keys.shape[0]}, {stop - start}, D] "
+                f"(the columns of the last update), got {tuple(k.shape)}"
+            )
+        mine = self.owned_columns(start, stop, k.device) - start
+        if self.index_keys is None:
+            self.index_keys = k.new_empty(k.shape[0], 0, k.shape[-1])
+        self.index_keys = torch.cat([self.index_keys, k[:, mine]], dim=1)
+        return self.index_keys
 
     def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
         return self.length + query_length, 0
@@ -85,7 +105,8 @@ class ShardedLatentLayer(CacheLayerMixin):
     def reset(self) -> None:
         if self.is_initialized:
             self.keys, self.values = self.keys[:, :0], self.values[:, :0]
-        self.length = 0
+        self.index_keys = None
+        self.length, self._last = 0, (0, 0)
 
 
 class ShardedLatentCache(Cache):
@@ -104,8 +125,12 @@ class ShardedLatentCache(Cache):
 
     def bytes_local(self) -> int:
         """Bytes of latents this rank holds over all layers."""
-        return sum(
-            lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
-            for lay in self.layers
-            if lay.is_initialized
-        )
+        return sum(_nbytes(lay.keys) + _nbytes(lay.values) for lay in self.layers if lay.is_initialized)
+
+    def index_bytes_local(self) -> int:
+        """Bytes of exact-indexer keys this rank holds over all layers (0 with the FP8 indexer)."""
+        return sum(_nbytes(lay.index_keys) for lay in self.layers if lay.index_keys is not None)
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()

@@ -1,0 +1,162 @@
+"""The DCP attention of a transformers MLA/DSA layer: this rank's heads and tokens, peerdcp's three exchanges.
+
+:class:`DCPAttention` replaces a decoder layer's ``self_attn`` (keeping that module's weights) and, per call (the
+prompt or one decode token; ``T = B*S`` rows, in chunks of at most ``chunk`` rows, every rank the same)::
+
+    hidden [B, S, hidden]
+      -> q_lat [T, H, kv_lora], q_pe [T, H, rope] of this rank's H = heads / W heads (q_b_proj rows, W_UK absorbed)
+      --QueryGather (RoPE from the model's rotary table, BF16 or FP8)--> q [T, W*H, kv_lora + rope]
+    c_kv, roped k_pe of the call's tokens -> ShardedLatentCache keeps the owned columns, owner (g // I) % W
+    DSA, a layer with an indexer: the model's indexer projections; scores of the owned tokens only
+         (FP8: IndexKCache owner-sharded + indexer_logits; exact: the model's fp32 formula over the owned keys)
+         --TopK.select--> ids [T, topk] global (identical on every rank) --TopK.owned--> local rows
+    DSA, a GLM-5 shared layer: the previous layer's ids
+    partial attention over the local (selected) latents -> part [T, W*H, kv_lora] bf16, lse [T, W*H]
+      --OutputReducer--> [T, H, kv_lora] -> W_UV -> [T, H, v]
+    all ranks' heads gathered -> [B, S, heads * v] -> the model's own o_proj
+
+so the output is the whole layer's, on every rank, and everything outside attention stays transformers' code.
+Why not ``AttentionInterface``: it is handed the expanded, roped K/V of every token after the model's indexer has
+scored all of them; DCP needs the latents of owned tokens, the absorbed query and a sharded indexer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ...attention import partial_attention
+from . import mla
+from .indexer import exact_scores, fp8_inputs, index_qkw
+
+__all__ = ["DCPAttention"]
+
+
+class DCPAttention(torch.nn.Module):
+    """Drop-in ``self_attn`` running DCP over the :class:`~.model.DCPModel`'s group (see the module docstring).
+
+    Args:
+        attn: the transformers attention module (its weights are used, not copied).
+        layer_idx: the decoder layer's index.
+        runtime: the :class:`~.model.DCPModel` holding the peerdcp objects, the options and the checks.
+    """
+
+    def __init__(self, attn: torch.nn.Module, layer_idx: int, runtime) -> None:
+        super().__init__()
+        self.attn = attn
+        self.layer_idx = layer_idx
+        self.rt = runtime
+        self.has_indexer = getattr(attn, "indexer", None) is not None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings=None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        position_ids: torch.Tensor | None = None,
+        prev_topk_indices: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        rt, a, L = self.rt, self.attn, self.layer_idx
+        if past_key_values is None or not hasattr(past_key_values, "layers"):
+            raise TypeError("DCPAttention needs the DCPModel's cache: pass past_key_values=dcp.new_cache(batch)")
+        B, S, _ = hidden_states.shape
+        dev, dtype = hidden_states.device, hidden_states.dtype
+        layer = past_key_values.layers[L]
+        past = layer.length
+        pos = rt.positions(position_ids, B, S, past)
+        q_lat, q_pe, q_resid = mla.query_heads(a, hidden_states, rt.heads)
+        c_new, pe_new = mla.latents(a, hidden_states, rt.cos_sin[pos], rt.mla_style)
+        c_loc, pe_loc = past_key_values.update(c_new, pe_new, L)  # [B, n_local, *]
+        lcols = layer.local_columns()  # [n_local] global columns, ascending
+        ids_all = None
+        if rt.dsa:
+            if self.has_indexer:
+                qi, ki, wi = index_qkw(a.indexer, hidden_states, q_resid, position_embeddings, rt.index_style)
+                scores_of = self._scorer(layer, qi, ki, wi, B, S, past)
+            elif prev_topk_indices is None:
+                raise ValueError(f"layer {L} reuses the previous layer's top-k, and none was passed")
+            ids_all = torch.empty(B, S, rt.topk, dtype=torch.int32, device=dev)
+        out = torch.empty(B, S, rt.H, a.v_head_dim, dtype=dtype, device=dev)
+        rows = torch.arange(B * S, device=dev)
+        for t0 in range(0, B * S, rt.chunk):
+            t = rows[t0 : t0 + rt.chunk]
+            b, s = t // S, t % S
+            qcol = past + s  # the rows' own global columns
+            qn, qp, p = q_lat[b, s].contiguous(), q_pe[b, s].contiguous(), pos[b, s].contiguous()
+            q = rt.qg.gather(qn, qp, p, rt.cos_sin)
+            rt.checks.query(qn, qp, p, q)
+            ok = mla.allowed(attention_mask, b, s, qcol, lcols)  # [T, n_local]
+            if rt.dsa:
+                lens = qcol + 1
+                if self.has_indexer:
+                    logits = scores_of(b, s, qcol, ok)
+                    ids = rt.tk.select(logits, lens)
+                    ids = rt.faults.topk(ids, qcol)
+                    rt.checks.topk(logits, lens, ids, past + S)
+                else:
+                    ids = prev_topk_indices[b, s].contiguous()
+                ids_all[b, s] = ids
+                sel, _ = rt.tk.owned(ids)
+                sel = sel.long()
+                idx = sel.clamp(min=0)
+                valid = (sel >= 0) & torch.gather(ok, 1, idx)
+                c, pe = c_loc[b[:, None], idx], pe_loc[b[:, None], idx]
+            else:
+                c, pe, valid = c_loc[b], pe_loc[b], ok
+            part, lse = partial_attention(q, c, pe, valid, a.scaling)
+            part = rt.faults.partial(part)
+            merged = rt.red.reduce(part.contiguous(), lse.contiguous())
+            rt.checks.merge(part, lse, merged)
+            out[b, s] = mla.value_heads(a, merged, rt.heads, dtype)
+        if ids_all is not None:
+            rt.log_ids(L, ids_all)
+        y = a.o_proj(self._all_heads(out).reshape(B, S, -1))
+        return (y, None, ids_all) if rt.returns_topk else (y, None)
+
+    def _all_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """``[B, S, H, v]`` of this rank's heads -> ``[B, S, W*H, v]`` of every rank's (rank-major, as the
+        heads of ``o_proj``): an all-gather over the group, as bytes (gloo has no bf16)."""
+        rt = self.rt
+        if rt.W == 1:
+            return out
+        parts = [torch.empty_like(out) for _ in range(rt.W)]
+        dist.all_gather([x.view(torch.uint8) for x in parts], out.contiguous().view(torch.uint8), group=rt.group)
+        return torch.cat(parts, dim=2)
+
+    def _scorer(self, layer, qi, ki, wi, B, S, past):
+        """A function ``(b, s, qcol, ok) -> [T, n]`` fp32: the rows' scores of this rank's tokens (local rows),
+        ``-inf`` where not allowed, after storing this call's index keys (the owned ones)."""
+        rt = self.rt
+        if rt.options.indexer == "exact":
+            keys = layer.update_index(ki)  # [B, n_local, D]
+
+            def scores(b, s, qcol, ok):
+                return exact_scores(qi[b, s], wi[b, s], keys[b]).masked_fill(~ok, float("-inf"))
+
+            return scores
+        from ...topk import indexer_logits
+
+        cache = rt.index_cache(self.layer_idx)
+        q8, wf, k8, ks = fp8_inputs(qi.reshape(B * S, *qi.shape[2:]), ki.reshape(B * S, -1), wi.reshape(B * S, -1))
+        bb = torch.arange(B, device=ki.device).repeat_interleave(S)
+        ss = torch.arange(S, device=ki.device).repeat(B)
+        cache.write(bb * rt.stride + past + ss, k8, ks)  # the cache keeps the owned slots
+        q8, wf = q8.view(B, S, *q8.shape[1:]), wf.view(B, S, -1)
+
+        def scores(b, s, qcol, ok):
+            bt = cache.block_table(b * rt.stride, rt.stride // cache.page_size // rt.W)
+            x = indexer_logits(
+                q8[b, s].contiguous(),
+                wf[b, s].contiguous(),
+                cache,
+                qcol + 1,
+                block_table=bt,
+                max_seq_len=int(qcol.max()) + 1,
+            )
+            n = ok.shape[1]
+            x = x[:, :n] if x.shape[1] >= n else torch.nn.functional.pad(x, (0, n - x.shape[1]), value=float("-inf"))
+            return x.masked_fill(~ok, float("-inf"))
+
+        return scores

@@ -1,0 +1,322 @@
+"""The rank side of ``peerdcp generate``: one model decoded with DCP beside the same model unsharded.
+
+Run on every rank of a :class:`peerdcp.launch.RankPool` (state lives in the worker between phases, so the driver
+can show progress per phase)::
+
+    setup            the model (tiny random config of a family, or a config.json [+ safetensors]), seeded alike on
+                     every rank; three copies: DCP (the chosen backends), reference, DCP on the collective backends
+    reference_free   the reference's greedy tokens, logits and top-1/top-2 margins
+    dcp_forced       DCP teacher-forced on the reference's tokens, every exchange checked (checks.py); its top-k
+                     ids and its MoE routing logged
+    reference_forced the reference teacher-forced with both selections pinned to DCP's: the top-k ids, and the
+                     experts each MoE router chose (a router is a discrete choice after attention just as the
+                     indexer is: one bf16 ulp of attention output can flip a near tie between two experts)
+    dcp_free         DCP's own greedy tokens (timed per decode token), then the collective backends' (timed)
+
+Every generation goes through transformers' ``generate`` (greedy); teacher forcing is a logits processor that
+leaves only the given token, and the raw logits come from ``output_logits``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+__all__ = ["setup", "reference_free", "dcp_forced", "reference_forced", "dcp_free", "capacity", "teardown"]
+
+_S: dict[str, Any] = {}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class _Force:
+    """A logits processor: at step i only token ``tokens[:, i]`` may be chosen (teacher forcing)."""
+
+    def __init__(self, tokens: torch.Tensor, prompt_width: int) -> None:
+        self.tokens, self.width = tokens, prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        i = input_ids.shape[1] - self.width
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(1, self.tokens[:, i : i + 1].to(scores.device), 0.0)
+        return out
+
+
+class _Clock:
+    """A logits processor that only records when each step's logits were ready (after a device sync)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        _sync()
+        self.stamps.append(time.perf_counter())
+        return scores
+
+    def per_token_ms(self) -> float | None:
+        """Median milliseconds between consecutive decode steps (the prompt's step excluded)."""
+        d = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+        return float(torch.tensor(d).median()) * 1e3 if d else None
+
+
+class _Routing:
+    """Forward hooks on every MoE router (``mlp.gate``) of a model: ``record`` each call's chosen experts, or
+    ``pin`` the recorded ones (the weights recomputed from this model's own router scores, as transformers'
+    router computes them: sigmoid, gathered, normalized, scaled)."""
+
+    def __init__(self, model) -> None:
+        self.gates = [lay.mlp.gate for lay in model.model.layers if hasattr(lay.mlp, "gate")]
+        self.log: list[list[torch.Tensor]] = [[] for _ in self.gates]
+        self.pinned: list[list[torch.Tensor]] | None = None
+        self.flips = 0  # router rows whose own choice differed from the pinned one
+        self._calls = [0] * len(self.gates)
+        for i, gate in enumerate(self.gates):
+            gate.register_forward_hook(lambda mod, inp, out, i=i: self._hook(i, mod, out))
+
+    def start(self, pinned: list[list[torch.Tensor]] | None) -> None:
+        self.log = [[] for _ in self.gates]
+        self.pinned, self.flips, self._calls = pinned, 0, [0] * len(self.gates)
+
+    def _hook(self, i: int, gate, out):
+        logits, weights, idx = out
+        if self.pinned is None:
+            self.log[i].append(idx.detach().clone())
+            return None
+        k = self._calls[i]
+        self._calls[i] += 1
+        want = self.pinned[i][k].to(idx.device)
+        if torch.equal(want, idx):
+            return None
+        self.flips += int((want.sort(-1).values != idx.sort(-1).values).any(-1).sum())
+        w = logits.sigmoid().gather(1, want)
+        if gate.norm_topk_prob:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return logits, (w * gate.routed_scaling_factor).to(weights.dtype), want
+
+
+def _build(family: str, config_path: str | None, weights_path: str | None, seed: int, overrides: dict):
+    import transformers
+
+    from . import tiny_config
+
+    if config_path:
+        cfg = transformers.AutoConfig.from_pretrained(config_path)
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+    else:
+        cfg = tiny_config(family, **overrides)
+    torch.manual_seed(seed)  # the same weights on every rank
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    if weights_path:
+        import glob
+        import os
+
+        from safetensors.torch import load_file
+
+        files = (
+            sorted(glob.glob(os.path.join(weights_path, "*.safetensors")))
+            if os.path.isdir(weights_path)
+            else [weights_path]
+        )
+        state = {}
+        for f in files:
+            state.update(load_file(f))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing:
+            raise ValueError(f"--weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
+    model.generation_config.eos_token_id = None  # fixed-length greedy decode: the two sides stay aligned
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def setup(args: dict) -> dict:
+    """Build the three model copies and their peerdcp objects (collective)."""
+    from .model import DCPOptions, reference_model, shard_model
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args["dtype"]]
+    base = _build(args["family"], args.get("config"), args.get("weights"), args["seed"], args.get("overrides", {}))
+    base = base.to(device=dev, dtype=dtype)
+    B, P, N = args["batch"], args["prompt_len"], args["new_tokens"]
+    opts = dict(
+        max_batch=B,
+        max_len=P + N + 1,
+        chunk=args["chunk"],
+        interleave=args["interleave"],
+        indexer=args["indexer"],
+        query_dtype=torch.float8_e4m3fn if args["query"] == "fp8" else torch.bfloat16,
+        memory=args["memory"],
+        timeout_s=args["timeout_s"],
+        record=True,
+        fault=args["fault"],
+    )
+    _S.clear()
+    _S.update(args=args, dev=dev)
+    m_dcp, m_ref, m_col = base, copy.deepcopy(base), copy.deepcopy(base) if args["timing"] else None
+    dcp = shard_model(m_dcp, None, DCPOptions(backends=dict(args["backends"]), **opts))
+    ref = reference_model(m_ref, None, DCPOptions(**opts))
+    _S.update(m_dcp=m_dcp, m_ref=m_ref, dcp=dcp, ref=ref, route_dcp=_Routing(m_dcp), route_ref=_Routing(m_ref))
+    info = {
+        "mechanisms": dcp.info,
+        "family": dcp.family,
+        "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
+    }
+    if m_col is not None:
+        col = shard_model(
+            m_col, None, DCPOptions(backends={m: "collective" for m in dcp.info if m != "indexer"}, **opts)
+        )
+        _S.update(m_col=m_col, col=col)
+        info["collective"] = col.info
+    # prompts: random tokens, row b shorter by b * P / (2B) (left padded: transformers' convention for generate)
+    g = torch.Generator().manual_seed(args["seed"] + 1)
+    vocab = base.config.vocab_size
+    ids = torch.randint(1, vocab, (B, P), generator=g)
+    mask = torch.ones(B, P, dtype=torch.int64)
+    lens = [P - (b * P) // (2 * B) for b in range(B)]
+    for b, n in enumerate(lens):
+        ids[b, : P - n], mask[b, : P - n] = 0, 0
+    _S.update(ids=ids.to(dev), mask=mask.to(dev))
+    info.update(prompt_lens=lens, heads_per_rank=dcp.H, topk=dcp.topk)
+    return info
+
+
+def _generate(model, runtime, *, force: torch.Tensor | None = None, clock: _Clock | None = None):
+    from transformers import LogitsProcessorList
+
+    B, P = _S["ids"].shape
+    procs = LogitsProcessorList()
+    if force is not None:
+        procs.append(_Force(force, P))
+    if clock is not None:
+        procs.append(clock)
+    runtime.reset_logs()
+    cache = runtime.new_cache(B)
+    with torch.no_grad():
+        out = model.generate(
+            _S["ids"],
+            attention_mask=_S["mask"],
+            past_key_values=cache,
+            do_sample=False,
+            max_new_tokens=_S["args"]["new_tokens"],
+            logits_processor=procs,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    logits = torch.stack([x.float() for x in out.logits], dim=1).cpu()  # [B, N, V]
+    return out.sequences[:, P:].cpu(), logits, cache
+
+
+def reference_free() -> dict:
+    """The reference's own greedy decode: tokens, and the top-1 / top-2 margin of each step."""
+    ref = _S["ref"]
+    ref.pin(None)
+    _S["route_ref"].start(None)
+    tokens, logits, cache = _generate(_S["m_ref"], ref)
+    top2 = logits.topk(2, dim=-1).values
+    _S.update(ref_tokens=tokens, ref_logits=logits, ref_ids=ref.ids_log, ref_cache=cache)
+    return {"tokens": tokens.tolist(), "margin": (top2[..., 0] - top2[..., 1]).tolist()}
+
+
+def dcp_forced() -> dict:
+    """DCP teacher-forced on the reference's tokens, every exchange checked; the ids it selected are logged."""
+    dcp = _S["dcp"]
+    dcp.checks.enabled, dcp.checks.where = True, "teacher-forced decode"
+    _S["route_dcp"].start(None)
+    _, logits, _ = _generate(_S["m_dcp"], dcp, force=_S["ref_tokens"])
+    dcp.checks.enabled = False
+    _S.update(dcp_forced_logits=logits, dcp_forced_ids=dcp.ids_log)
+    return {"checks": dcp.checks.stats}
+
+
+def reference_forced() -> dict:
+    """The reference teacher-forced on its own tokens with DCP's selection; per step the largest logit
+    difference from DCP's and the largest reference logit."""
+    ref = _S["ref"]
+    ref.pin(_S["dcp_forced_ids"] if _S["dcp"].dsa else None)
+    route = _S["route_ref"]
+    route.start(_S["route_dcp"].log)
+    _, logits, _ = _generate(_S["m_ref"], ref, force=_S["ref_tokens"])
+    ref.pin(None)
+    route.start(None)
+    diff = (_S["dcp_forced_logits"] - logits).abs().amax(dim=-1)  # [B, N]
+    flips = _ids_differ(ref.ids_log, _S["dcp_forced_ids"]) if _S["dcp"].dsa else {}
+    return {
+        "max_diff": diff.tolist(),
+        "max_abs": logits.abs().amax(dim=-1).tolist(),
+        "router_rows_pinned": route.flips,
+        "topk_calls_pinned": len(flips),
+    }
+
+
+def dcp_free() -> dict:
+    """DCP's own greedy decode on the chosen backends (timed per decode token), then on the collective ones."""
+    clock = _Clock()
+    _S["route_dcp"].start(None)
+    tokens, _, cache = _generate(_S["m_dcp"], _S["dcp"], clock=clock)
+    res: dict[str, Any] = {"tokens": tokens.tolist(), "ms_per_token": clock.per_token_ms()}
+    ref_ids, ids = _S["ref_ids"], _S["dcp"].ids_log
+    res["ids_differ"] = _ids_differ(ref_ids, ids)
+    _S["dcp_cache"] = cache
+    if "col" in _S:
+        clock = _Clock()
+        tokens_c, _, _ = _generate(_S["m_col"], _S["col"], clock=clock)
+        res.update(collective_tokens=tokens_c.tolist(), collective_ms_per_token=clock.per_token_ms())
+    return res
+
+
+def _ids_differ(a: dict, b: dict) -> dict:
+    """Per call index (0 = the prompt), per layer: the ids of each batch row's last token that one selection has
+    and the other lacks (only where they differ)."""
+    out: dict = {}
+    for layer, calls in a.items():
+        for k, (x, y) in enumerate(zip(calls, b.get(layer, []))):
+            for row in range(x.shape[0]):
+                sx, sy = set(x[row, -1].tolist()) - {-1}, set(y[row, -1].tolist()) - {-1}
+                if sx != sy:
+                    out.setdefault(k, {}).setdefault(layer, {})[row] = {
+                        "reference_only": sorted(sx - sy)[:8],
+                        "dcp_only": sorted(sy - sx)[:8],
+                    }
+    return out
+
+
+def capacity() -> dict:
+    """KV and index-K bytes this rank holds for the decoded sequences against one unsharded copy's."""
+    from ...topk.reference import local_length
+
+    dcp = _S["dcp"]
+    cache = _S["dcp_cache"]
+    n, B = cache.layers[0].length, _S["ids"].shape[0]
+    res = {
+        "rank": dcp.rank,
+        "columns": n,
+        "local_columns": int(local_length(n, dcp.rank, dcp.W, dcp.options.interleave)),
+        "kv_bytes_local": cache.bytes_local(),
+        "kv_bytes_replicated": _S["ref_cache"].bytes_local(),
+    }
+    if dcp.dsa:
+        cfg = _S["m_dcp"].config
+        layers = sum(1 for lay in _S["m_ref"].model.layers if lay.self_attn.has_indexer)
+        # FP8 keys: head_dim bytes + a 4-byte scale per token (the IndexKCache page layout); exact: the model's dtype
+        per_token = (
+            cfg.index_head_dim + 4 if dcp.options.indexer == "fp8" else cfg.index_head_dim * _S["m_dcp"].dtype.itemsize
+        )
+        res.update(
+            index_k_bytes_local=layers * B * res["local_columns"] * per_token,
+            index_k_bytes_replicated=layers * B * n * per_token,
+        )
+    return res
+
+
+def teardown() -> bool:
+    for k in ("dcp", "col", "ref"):
+        if k in _S:
+            _S[k].close()
+    _S.clear()
+    return True

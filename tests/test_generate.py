@@ -1,0 +1,150 @@
+"""A transformers model decoding through peerdcp on CPU rank processes, checked against the same model unsharded.
+
+The matrix runs every family at W = 2 with interleave 1 and 2 (the DSA families once with the FP8 indexer and once
+with the model's exact fp32 formula) and at W = 3 (interleave 3 or 1); a W = 3 case costs about a minute on two
+cores (three ranks spinning on two cores under the interpreter), so W = 3 runs once per family. Every case decodes
+16 tokens for two prompts of different lengths (11 and 9 tokens: neither a multiple of W*I) and must pass the
+whole verdict, with
+every exchange called and exact on its own inputs. ``peerdcp generate`` itself runs at its default, with a prompt
+shorter than top-k that crosses it mid-decode, and with each test-only fault (non-zero exit naming the mechanism).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from peerdcp.integrations.transformers import decode  # noqa: E402
+from peerdcp.integrations.transformers.verdict import verdict  # noqa: E402
+from peerdcp.launch import RankPool  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+CASES = [
+    # family, W, interleave, indexer
+    ("deepseek-v3.2", 2, 1, "fp8"),
+    ("deepseek-v3.2", 2, 2, "exact"),
+    ("deepseek-v3.2", 3, 3, "fp8"),
+    ("glm-5", 2, 1, "exact"),
+    ("glm-5", 2, 2, "fp8"),
+    ("glm-5", 3, 1, "exact"),
+    ("deepseek-v3", 2, 1, "fp8"),
+    ("deepseek-v3", 2, 2, "fp8"),
+    ("deepseek-v3", 3, 3, "fp8"),
+]
+
+
+@pytest.fixture(scope="module")
+def pools():
+    made: dict[int, RankPool] = {}
+
+    def get(W: int) -> RankPool:
+        if W not in made or made[W].broken:
+            made[W] = RankPool(W)
+        return made[W]
+
+    yield get
+    for p in made.values():
+        p.close()
+
+
+def _args(family: str, interleave: int, indexer: str, **kw) -> dict:
+    a = dict(
+        family=family,
+        seed=2026,
+        dtype="bf16",
+        batch=2,
+        prompt_len=11,
+        new_tokens=16,
+        chunk=256,
+        interleave=interleave,
+        indexer=indexer,
+        query="bf16",
+        memory="auto",
+        timeout_s=60.0,
+        fault="none",
+        timing=False,
+        backends={"query": "auto", "topk": "auto", "output": "auto"},
+    )
+    a.update(kw)
+    return a
+
+
+def _decode(pool: RankPool, args: dict) -> dict:
+    setup = pool.run(decode.setup, args)
+    try:
+        ref = pool.run(decode.reference_free)[0]
+        forced = pool.run(decode.dcp_forced)
+        ref_forced = pool.run(decode.reference_forced)[0]
+        free = pool.run(decode.dcp_free)
+        cap = pool.run(decode.capacity)
+    finally:
+        pool.run(decode.teardown)
+    return dict(setup=setup[0], ref=ref, verdict=verdict(ref, forced, ref_forced, free), free=free, cap=cap)
+
+
+@pytest.mark.parametrize("family,W,interleave,indexer", CASES)
+def test_decode_matches_the_unsharded_model(pools, family, W, interleave, indexer):
+    res = _decode(pools(W), _args(family, interleave, indexer))
+    v = res["verdict"]
+    assert v["ok"], v["failures"]
+    assert len(res["ref"]["tokens"][0]) == 16 and res["setup"]["prompt_lens"] == [11, 9]
+    dsa = family != "deepseek-v3"
+    for name in ("query", "output") + (("topk",) if dsa else ()):
+        m = v["mechanisms"][name]
+        assert m["calls"] > 0 and m["bad_calls"] == 0, (name, m)
+    assert v["teacher_forced"]["worst_ratio"] <= 1.0
+    for mech in ("query", "output") + (("topk",) if dsa else ()):
+        assert res["setup"]["mechanisms"][mech]["backend"] == "direct"
+    assert sum(c["local_columns"] for c in res["cap"]) == res["cap"][0]["columns"]
+    for c in res["cap"]:  # each rank holds exactly its owned columns
+        assert c["kv_bytes_local"] * c["columns"] == c["kv_bytes_replicated"] * c["local_columns"]
+        if dsa:
+            assert c["index_k_bytes_local"] * c["columns"] == c["index_k_bytes_replicated"] * c["local_columns"]
+
+
+def test_short_prompt_crosses_topk_mid_decode(pools):
+    # prompts of 5 and 4 tokens against top-8: the first steps select every token, later ones must choose
+    res = _decode(pools(2), _args("glm-5", 1, "fp8", prompt_len=5, query="fp8"))
+    assert res["verdict"]["ok"], res["verdict"]["failures"]
+    assert res["setup"]["prompt_lens"] == [5, 4] and res["setup"]["topk"] == 8
+
+
+def _cli(tmp_path, *args: str) -> tuple[int, str, dict | None]:
+    out = tmp_path / "report.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "peerdcp", "generate", "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+    return p.returncode, p.stdout + p.stderr, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_generate_default_passes(tmp_path):
+    rc, text, rep = _cli(tmp_path)
+    assert rc == 0, text
+    assert "verdict: PASS" in text and "not a performance figure" in text
+    assert rep["verdict"]["ok"] and rep["world"] == 2
+    assert rep["dcp_free"][0]["ms_per_token"] > 0 and rep["dcp_free"][0]["collective_ms_per_token"] > 0
+    assert set(rep["setup"][0]["collective"]) >= {"query", "output", "topk"}
+
+
+@pytest.mark.parametrize("fault,mechanism", [("corrupt-partial", "output"), ("corrupt-topk", "topk")])
+def test_a_wrong_exchange_fails_naming_its_mechanism(tmp_path, fault, mechanism):
+    rc, text, rep = _cli(tmp_path, "--fault", fault, "--no-timing", "--new-tokens", "4", "--batch", "1")
+    assert rc == 1, text
+    assert f"FAIL {mechanism}:" in text
+    assert any(f.startswith(f"{mechanism}:") for f in rep["verdict"]["failures"])
+
+
+def test_usage_errors_exit_2(tmp_path):
+    rc, text, _ = _cli(tmp_path, "--override", "nonsense")
+    assert rc == 2 and "KEY=VALUE" in text

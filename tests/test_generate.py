@@ -141,7 +141,7 @@ def test_generate_default_passes(tmp_path):
 def test_a_wrong_exchange_fails_naming_its_mechanism(tmp_path, fault, mechanism):
     rc, text, rep = _cli(tmp_path, "--fault", fault, "--no-timing", "--new-tokens", "4", "--batch", "1")
     assert rc == 1, text
-    assert f"FAIL {mechanism}:" in text
+    assert f"FAIL {mechanism}: " in text
     assert any(f.startswith(f"{mechanism}:") for f in rep["verdict"]["failures"])
 
 

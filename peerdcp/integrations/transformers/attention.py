@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ...attention import partial_attention
+from ...topk.reference import local_length
 from . import mla
 from .indexer import exact_scores, fp8_inputs, index_qkw
 
@@ -109,6 +110,8 @@ class DCPAttention(torch.nn.Module):
             part = rt.faults.partial(part)
             merged = rt.red.reduce(part.contiguous(), lse.contiguous())
             rt.checks.merge(part, lse, merged)
+            width = rt.topk if rt.dsa else int(local_length(past + S, 0, rt.W, rt.options.interleave))
+            rt.checks.attention(q, c, pe, valid, merged, rt.heads, a.scaling, width)
             out[b, s] = mla.value_heads(a, merged, rt.heads, dtype)
         if ids_all is not None:
             rt.log_ids(L, ids_all)

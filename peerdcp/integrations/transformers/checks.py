@@ -6,7 +6,9 @@ Every call of every layer (when :attr:`DCPOptions.check` is on) all-gathers what
 * query: the gathered query's bytes equal :func:`peerdcp.query.reference.widened_query` of every rank's shard;
 * topk: the ids equal :func:`peerdcp.topk.selector.canonical_topk` of every rank's scores put back in global order;
 * output: the merged output lies inside :func:`peerdcp.output.reference.dcp_reduce_bounds` of every rank's
-  partials (the fp32 error model of the LSE merge: bf16 partials allow no exact answer).
+  partials (the fp32 error model of the LSE merge: bf16 partials allow no exact answer), and, end to end, within
+  ``ATTENTION_REL_ERR`` (norm-wise) of the unsharded attention over every rank's (selected) tokens in fp32 - the
+  partials are bf16, about 2^-9 relative each, so the merged output lands far inside it unless a partial is wrong.
 
 The counts and the first failure per mechanism go into :attr:`MechanismChecks.stats`. Test-only faults
 (:class:`Faults`) prove each check can fail.
@@ -25,6 +27,7 @@ from ...topk.selector import canonical_topk
 __all__ = ["MechanismChecks", "Faults", "FAULTS"]
 
 FAULTS = ("none", "corrupt-partial", "corrupt-topk")
+ATTENTION_REL_ERR = 1e-2
 
 
 def _gather(x: torch.Tensor, group) -> list[torch.Tensor]:
@@ -104,7 +107,8 @@ class MechanismChecks:
             l_r = int(ref.local_length(n, r, self.W, self.I))
             g = ref.global_id(torch.arange(l_r), r, self.W, self.I)
             full[:, g] = part[:, :l_r]
-        want = canonical_topk(full, lens.cpu(), self.k)
+        # (on the ids' device: the canonical merge is a Triton kernel, interpreted on CPU only under the interpreter)
+        want = canonical_topk(full.to(ids.device), lens.to(ids.device), self.k).cpu()
         got = ids.detach().cpu()
         bad = ~(got == want).all(-1)
         what = ""
@@ -125,6 +129,27 @@ class MechanismChecks:
         lo, hi, _, _ = dcp_reduce_bounds(parts, lses, self.rank, lse_base="e", out_dtype=part.dtype)
         outside = int(outside_bounds(merged.detach().cpu(), lo, hi).sum())
         self._note("output", outside > 0, f"{outside} merged elements outside dcp_reduce_bounds")
+
+    def attention(self, q, c, pe, valid, merged, heads: slice, scale: float, width: int) -> None:
+        """``q [T, W*H, C + R]`` (the gathered query), this rank's ``c [T, n, C]``, ``pe [T, n, R]``, ``valid [T, n]``
+        (the tokens its partial attended), ``merged [T, H, C]``; ``width`` >= every rank's ``n``."""
+        if not self.enabled:
+            return
+        from .reference import attend_fp32
+
+        pad = width - c.shape[1]
+        c, pe = (torch.nn.functional.pad(x.detach(), (0, 0, 0, pad)) for x in (c, pe))
+        valid = torch.nn.functional.pad(valid, (0, pad), value=False)
+        cs, pes = _gather(c, self.group), _gather(pe, self.group)
+        oks = _gather(valid.to(torch.uint8), self.group)
+        dev = q.device  # (the unsharded attention of a 4096-token prefill chunk is GPU work)
+        want = attend_fp32(q[:, heads].detach(), torch.cat(cs, 1).to(dev), torch.cat(pes, 1).to(dev),
+                           torch.cat(oks, 1).to(dev).bool(), scale).cpu()  # fmt: skip
+        got = merged.detach().float().cpu()
+        rel = float((got - want).norm() / want.norm().clamp(min=1e-30))
+        bad = not rel <= ATTENTION_REL_ERR
+        self._note("output", bad, f"merged attention {rel:.3g} (norm-wise) from the unsharded attention over every "
+                                  f"rank's tokens, above {ATTENTION_REL_ERR}")  # fmt: skip
 
 
 class Faults:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .versions import family_of
 
-__all__ = ["FAMILY_NAMES", "tiny_config"]
+__all__ = ["FAMILY_NAMES", "SIZES", "tiny_config", "attention_config"]
 
 # CLI names -> model_type
 FAMILY_NAMES = {"deepseek-v3.2": "deepseek_v32", "glm-5": "glm_moe_dsa", "deepseek-v3": "deepseek_v3"}
@@ -53,3 +53,41 @@ def tiny_config(family: str, *, layers: int = 2, heads: int = 6, topk: int = 8, 
         family_of(type("C", (), {"model_type": mt})())  # raises the supported-family error
     kw.update(overrides)
     return cls(**kw)
+
+
+def attention_config(family: str, *, layers: int = 2, **overrides: Any):
+    """``family`` at the real models' attention geometry with a small MoE (for one GPU): 128 heads, MLA latent 512
+    + rope 64 (nope 128, v 128, q LoRA 1536, hidden 7168), YaRN RoPE (factor 40 over 4096 positions) and, for the
+    DSA families, the indexer of 64 heads x 128 with top-k 2048; 8 routed experts of width 256, vocabulary 4096."""
+    kw: dict[str, Any] = dict(
+        hidden_size=7168,
+        intermediate_size=2048,
+        moe_intermediate_size=256,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        vocab_size=4096,
+        max_position_embeddings=163840,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    )
+    if FAMILY_NAMES.get(family, family) != "deepseek_v3":
+        kw.update(index_head_dim=128, index_n_heads=64)
+    kw.update(overrides)
+    return tiny_config(family, layers=layers, heads=128, topk=2048, **kw)
+
+
+# ``peerdcp generate --size``: the model geometry by name
+SIZES = {"tiny": tiny_config, "attention": attention_config}

@@ -100,17 +100,17 @@ class _Routing:
         return logits, (w * gate.routed_scaling_factor).to(weights.dtype), want
 
 
-def _build(family: str, config_path: str | None, weights_path: str | None, seed: int, overrides: dict):
+def _build(family: str, size: str, config_path: str | None, weights_path: str | None, seed: int, overrides: dict):
     import transformers
 
-    from . import tiny_config
+    from .configs import SIZES
 
     if config_path:
         cfg = transformers.AutoConfig.from_pretrained(config_path)
         for k, v in overrides.items():
             setattr(cfg, k, v)
     else:
-        cfg = tiny_config(family, **overrides)
+        cfg = SIZES[size](family, **overrides)
     torch.manual_seed(seed)  # the same weights on every rank
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     if weights_path:
@@ -141,7 +141,14 @@ def setup(args: dict) -> dict:
 
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args["dtype"]]
-    base = _build(args["family"], args.get("config"), args.get("weights"), args["seed"], args.get("overrides", {}))
+    base = _build(
+        args["family"],
+        args.get("size", "tiny"),
+        args.get("config"),
+        args.get("weights"),
+        args["seed"],
+        args.get("overrides", {}),
+    )
     base = base.to(device=dev, dtype=dtype)
     B, P, N = args["batch"], args["prompt_len"], args["new_tokens"]
     opts = dict(

@@ -1,7 +1,8 @@
 """The parity verdict of ``peerdcp generate``: exact where exactness is owed, margin-aware where bf16 moves bits.
 
 1. Every exchange is exact on its own inputs, at every layer and step of the teacher-forced decode
-   (:mod:`.checks`): the query's bytes, the top-k ids, the merge inside the fp32 error model.
+   (:mod:`.checks`): the query's bytes, the top-k ids, the merge inside the fp32 error model; and the merged
+   attention output is within 1e-2 (norm-wise) of the unsharded attention over every rank's tokens.
 2. Teacher-forced on the reference's tokens with the selections pinned to DCP's (the top-k ids, and the experts
    of every MoE router: both are discrete choices downstream of attention), every step's logits are
    within ``bound = 8 bf16 ulps of the step's largest |logit|`` of the unsharded model's. What remains between the
@@ -54,7 +55,7 @@ def verdict(ref_free: dict, forced: list[dict], ref_forced: dict, dcp_free: list
                 m["first"] = f"rank {r}, {st['first']}"
     for name, m in mech.items():
         if m["bad_calls"]:
-            failures.append(f"{name}: {m['bad_calls']} of {m['calls']} calls wrong on their own inputs ({m['first']})")
+            failures.append(f"{name}: {m['bad_calls']} of {m['calls']} checked calls wrong ({m['first']})")
 
     worst, worst_at = 0.0, None
     bounds = [[logit_bound(a) for a in row] for row in ref_forced["max_abs"]]

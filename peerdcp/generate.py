@@ -30,9 +30,10 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", default="deepseek-v3.2", choices=sorted(FAMILY_NAMES), help="model family")
     p.add_argument(
         "--size",
-        default="tiny",
+        default=None,
         choices=["tiny", "attention"],
-        help="tiny (CPU-sized) or attention (the real attention geometry, 2 layers, small MoE: one GPU)",
+        help="tiny (CPU-sized: 6 heads) or attention (the real attention geometry: 128 heads, 2 layers, small "
+        "MoE); default: attention on GPUs, tiny on CPU",
     )
     p.add_argument("--config", default=None, help="a local config.json (or its folder) instead of the tiny config")
     p.add_argument("--weights", default=None, help="local safetensors (a file or a folder) for --config")
@@ -107,6 +108,7 @@ def main_generate(args: argparse.Namespace) -> int:
     )
     wargs = dict(
         family=args.family,
+        size=args.size or ("attention" if gpu else "tiny"),
         config=args.config,
         weights=args.weights,
         seed=args.seed,
@@ -196,8 +198,12 @@ def _print_report(rep: dict) -> None:
 
     con = Console()
     s, a = rep["setup"][0], rep["args"]
+    g = s["geometry"]
     con.print(
-        f"[bold]peerdcp generate[/bold]: {s['family']} on {rep['where']}; batch {a['batch']} (prompts "
+        f"[bold]peerdcp generate[/bold]: {s['family']} ({s['size']}: {g['layers']} layers, hidden {g['hidden']}, "
+        f"{g['heads']} heads, MLA {g['kv_lora']} + {g['rope']}"
+        + (f", indexer {g['index']}" if g["index"] else "")
+        + f") on {rep['where']}; batch {a['batch']} (prompts "
         f"{s['prompt_lens']} tokens), {a['new_tokens']} new tokens, {s['heads_per_rank']} heads per rank, "
         f"interleave {a['interleave']}" + (f", top-{s['topk']}, {a['indexer']} indexer" if s["topk"] else ", dense")
     )

@@ -29,10 +29,9 @@ if ! python -c 'import triton' 2>/dev/null; then
   python -m pip install -q triton==3.6.0
 fi
 python -m pip install -q -e ".${extras}"
-# The transformers integration's CPU tests run against the oldest supported transformers (pure Python).
-if [ -n "$extras" ]; then
-  python -c 'import transformers' 2>/dev/null || python -m pip install -q 'transformers==5.17.0'
-fi
+# The transformers integration (peerdcp generate: the main job) and its CPU tests run against the oldest
+# supported transformers (pure Python).
+python -c 'import transformers' 2>/dev/null || python -m pip install -q 'transformers==5.17.0'
 # The SGLang plugin's tests use the real sglang 0.5.23 package (no deps, plus the few light packages its
 # argument module imports); it is a test-time package, never a runtime dependency.
 if [ -n "$extras" ] && [ -f scripts/setup_sglang.sh ]; then

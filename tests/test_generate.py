@@ -148,3 +148,15 @@ def test_a_wrong_exchange_fails_naming_its_mechanism(tmp_path, fault, mechanism)
 def test_usage_errors_exit_2(tmp_path):
     rc, text, _ = _cli(tmp_path, "--override", "nonsense")
     assert rc == 2 and "KEY=VALUE" in text
+
+
+def test_attention_size_builds_the_real_attention_geometry():
+    from peerdcp.cli import build_parser
+
+    args = build_parser().parse_args(["generate", "--size", "attention"])
+    assert args.size == "attention"
+    m = decode._build("deepseek-v3.2", "attention", None, None, 0, {"num_hidden_layers": 1, "hidden_size": 256})
+    c = m.config
+    assert (c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim) == (128, 512, 64)
+    assert (c.index_n_heads, c.index_head_dim, c.index_topk) == (64, 128, 2048)
+    assert m.model.layers[0].self_attn.q_b_proj.weight.shape == (128 * 192, 1536)

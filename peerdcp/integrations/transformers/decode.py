@@ -189,7 +189,11 @@ def setup(args: dict) -> dict:
     for b, n in enumerate(lens):
         ids[b, : P - n], mask[b, : P - n] = 0, 0
     _S.update(ids=ids.to(dev), mask=mask.to(dev))
-    info.update(prompt_lens=lens, heads_per_rank=dcp.H, topk=dcp.topk)
+    c = base.config
+    info.update(prompt_lens=lens, heads_per_rank=dcp.H, topk=dcp.topk, size=args.get("size", "tiny"),
+                geometry=dict(layers=c.num_hidden_layers, hidden=c.hidden_size, heads=c.num_attention_heads,
+                              kv_lora=c.kv_lora_rank, rope=c.qk_rope_head_dim,
+                              index=f"{c.index_n_heads}x{c.index_head_dim}" if dcp.dsa else None))  # fmt: skip
     return info
 
 

@@ -220,7 +220,7 @@ def _print_report(rep: dict) -> None:
     for name, m in v["mechanisms"].items():
         res = "[green]ok[/green]" if not m["bad_calls"] else "[red]FAIL[/red]"
         t.add_row(
-            f"{name} on its own inputs",
+            f"{name}, every call",
             res,
             f"{m['calls']} calls (all ranks)" + (f"; first: {m['first']}" if m["first"] else ""),
         )

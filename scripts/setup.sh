@@ -32,6 +32,12 @@ python -m pip install -q -e ".${extras}"
 # The transformers integration (peerdcp generate: the main job) and its CPU tests run against the oldest
 # supported transformers (pure Python).
 python -c 'import transformers' 2>/dev/null || python -m pip install -q 'transformers==5.17.0'
+# ... and the newest supported one, beside it in the ignored /.tf-newest/ (tests/test_generate.py runs the main job
+# with it on PYTHONPATH): transformers 5.25 and the four packages it needs newer than 5.17 does
+if [ -n "$extras" ] && [ ! -d .tf-newest/transformers ]; then
+  python -m pip install -q --no-deps --target .tf-newest transformers==5.25.0 huggingface-hub==2.4.0 httpx2==2.17.0 \
+    httpcore2==2.17.0 tokenizers==0.23.3 truststore==0.10.5
+fi
 # The SGLang plugin's tests use the real sglang 0.5.23 package (no deps, plus the few light packages its
 # argument module imports); it is a test-time package, never a runtime dependency.
 if [ -n "$extras" ] && [ -f scripts/setup_sglang.sh ]; then

@@ -12,6 +12,7 @@ shorter than top-k that crosses it mid-decode, and with each test-only fault (no
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,21 +117,31 @@ def test_short_prompt_crosses_topk_mid_decode(pools):
     assert res["setup"]["prompt_lens"] == [5, 4] and res["setup"]["topk"] == 8
 
 
-def _cli(tmp_path, *args: str) -> tuple[int, str, dict | None]:
+NEWEST = REPO / ".tf-newest"  # transformers 5.25, the newest supported (scripts/setup.sh test)
+
+
+def _cli(tmp_path, *args: str, newest: bool = False) -> tuple[int, str, dict | None]:
     out = tmp_path / "report.json"
+    env = dict(os.environ)
+    if newest:
+        env["PYTHONPATH"] = os.pathsep.join([str(NEWEST), env.get("PYTHONPATH", "")])
     p = subprocess.run(
         [sys.executable, "-m", "peerdcp", "generate", "--json", str(out), *args],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=REPO,
+        env=env,
     )
     return p.returncode, p.stdout + p.stderr, json.loads(out.read_text()) if out.exists() else None
 
 
-def test_generate_default_passes(tmp_path):
-    rc, text, rep = _cli(tmp_path)
+def test_generate_default_passes_on_the_newest_transformers(tmp_path):
+    # the matrix above runs the oldest supported transformers (5.17, the venv's); the main job runs the newest
+    assert (NEWEST / "transformers").is_dir(), "scripts/setup.sh test installs transformers 5.25 into .tf-newest"
+    rc, text, rep = _cli(tmp_path, newest=True)
     assert rc == 0, text
+    assert rep["setup"][0]["transformers"] == "5.25.0"
     assert "verdict: PASS" in text and "not a performance figure" in text
     assert rep["verdict"]["ok"] and rep["world"] == 2
     assert rep["dcp_free"][0]["ms_per_token"] > 0 and rep["dcp_free"][0]["collective_ms_per_token"] > 0

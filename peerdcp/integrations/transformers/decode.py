@@ -169,9 +169,12 @@ def setup(args: dict) -> dict:
     dcp = shard_model(m_dcp, None, DCPOptions(backends=dict(args["backends"]), **opts))
     ref = reference_model(m_ref, None, DCPOptions(**opts))
     _S.update(m_dcp=m_dcp, m_ref=m_ref, dcp=dcp, ref=ref, route_dcp=_Routing(m_dcp), route_ref=_Routing(m_ref))
+    import transformers
+
     info = {
         "mechanisms": dcp.info,
         "family": dcp.family,
+        "transformers": transformers.__version__,
         "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
     }
     if m_col is not None:

@@ -65,8 +65,11 @@ class ReferenceAttention(torch.nn.Module):
         past_key_values=None,
         position_ids: torch.Tensor | None = None,
         prev_topk_indices: torch.Tensor | None = None,
+        cache=None,
         **kwargs,
     ):
+        # transformers 5.25 passes the cache as ``cache`` (``past_key_values`` before it)
+        past_key_values = cache if past_key_values is None else past_key_values
         rt, a, L = self.rt, self.attn, self.layer_idx
         B, S, _ = hidden_states.shape
         layer = past_key_values.layers[L]

@@ -7,6 +7,9 @@ per rank at TP4, 16 at TP8; D = 512, bf16, LSE base e) and T in 1..512, on W GPU
   kernel with the default LL threshold (``reducer.default_ll_max_tokens``), never LL, always LL, and the
   Triton twin (the table shows where LL stops paying, and which kernel should be the default);
 * ``a2a``, ``ag_rs`` - peerdcp's NCCL baselines;
+* ``vllm-a2a`` - vLLM 0.34.0's a2a (its pack, NCCL ``all_to_all_single``, its combine; ``bench.peers``), checked
+  first and timed only where its answer is right; the table gives the default direct kernel's ratio to the
+  fastest non-direct exchange at each T (``best peer``);
 * ``sgl-a2a``, ``sgl-ag_rs`` - SGLang 0.5.23's own: ``dcp_pack_a2a_send`` + NCCL ``all_to_all_single`` +
   ``dcp_lse_combine_triton`` (as ``dcp_a2a_lse_reduce``), and LSE all-gather + ``correct_attn_out`` +
   reduce-scatter (as ``cp_lse_ag_out_rs_mla``), whenever ``sglang`` is installed or ``--sglang-kernels``
@@ -167,6 +170,30 @@ class SglA2A:
         return out
 
 
+class VllmA2A:
+    """vLLM 0.34.0's a2a Output exchange (``dcp_a2a_lse_reduce``'s three steps): its Triton pack (the LSE in two
+    bf16 slots), NCCL ``all_to_all_single``, its Triton combine; the receive buffer pre-allocated per T."""
+
+    def __init__(self, mod, W: int, H: int, D: int, group=None):
+        self.mod, self.W, self.H, self.D, self.group = mod, W, H, D, group
+        self.recv: dict[int, torch.Tensor] = {}
+
+    def prepare(self, T: int, dtype: torch.dtype) -> None:
+        pack = self.mod._dcp_a2a_lse_pack_dim(dtype)
+        self.recv[T] = torch.empty((self.W, T, self.H, self.D + pack), dtype=dtype, device="cuda")
+
+    def __call__(self, po: torch.Tensor, pl: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        from bench import peers
+
+        send = peers.vllm_a2a_pack(self.mod, po, pl, self.W)
+        recv = self.recv[po.shape[0]]
+        dist.all_to_all_single(recv.reshape(-1).view(torch.uint8), send.reshape(-1).view(torch.uint8), group=self.group)
+        out, _ = peers.vllm_a2a_rank(self.mod, recv, self.D)
+        return out
+
+
 class SglAgRs:
     """SGLang 0.5.23 ``cp_lse_ag_out_rs_mla`` (ag_rs backend; ``correct_attn_out(..., ctx=None)``, see the
     research note: the cached context fails on Triton 3.6). Returns ``[T, H, D]`` (a transposed view)."""
@@ -210,6 +237,7 @@ def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     import peerdcp
+    from bench import peers
     from peerdcp.output import reducer as R
     from peerdcp.output.reference import dcp_reduce
 
@@ -246,6 +274,11 @@ def rank_main(cfg: dict) -> list[dict]:
             sgl_a2a = SglA2A(ko, W, H, HEAD_DIM, torch.bfloat16)
             methods["sgl-a2a"] = sgl_a2a
             methods["sgl-ag_rs"] = SglAgRs(ko, W, rank)
+        vllm_a2a = None
+        vmod, _ = peers.load_vllm_dcp()
+        if vmod is not None:  # issue 54's peer: timed only where its answer passes the check below
+            vllm_a2a = VllmA2A(vmod, W, H, HEAD_DIM)
+            methods["vllm-a2a"] = vllm_a2a
         for T in cfg["tokens"]:
             warm_gpu()  # every T starts at working clocks (the first T used to be timed cold)
             sets = []
@@ -258,10 +291,17 @@ def rank_main(cfg: dict) -> list[dict]:
                 del outs, lses
             if sgl_a2a is not None:
                 sgl_a2a.prepare(T)
+            if vllm_a2a is not None:
+                vllm_a2a.prepare(T, torch.bfloat16)
             for name, fn in methods.items():
                 got = fn(*sets[0]).float()
                 err = float((got - refs[0]).norm() / refs[0].norm())
                 ok = err < 4e-3 and not bool(torch.isnan(got).any())
+                if name in PEERS and not _agree_ok(ok):  # a peer with a different answer is reported, not timed
+                    for mode in cfg["modes"]:
+                        rows.append(dict(geometry=geo, heads=H, T=T, method=name, mode=mode, ok=False, rel_err=err,
+                                         median=float("nan")))  # fmt: skip
+                    continue
                 for mode in cfg["modes"]:
                     us = time_op(
                         lambda i, fn=fn, sets=sets: fn(*sets[i % N_SETS]),
@@ -431,6 +471,10 @@ def _breakdown_tables(res: dict, variants: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ report
+PEERS = ("sgl-a2a", "sgl-ag_rs", "vllm-a2a")
+"""The other projects' exchanges (the ``a2a`` / ``ag_rs`` rows are peerdcp's own NCCL baselines)."""
+
+
 def _ratios(rows: list[dict]) -> None:
     base_name = "sgl-a2a" if any(r["method"] == "sgl-a2a" for r in rows) else "a2a"
     base = {(r["geometry"], r["T"], r["mode"]): r["median"] for r in rows if r["method"] == base_name}
@@ -461,6 +505,11 @@ def _table(rows: list[dict], mode: str) -> str:
             dflt = [r for r in sel if r["T"] == T and r["method"] == DEFAULT_METHOD and r["ok"]]
             if dflt:
                 row["default x vs " + sel[0]["baseline"]] = dflt[0]["speedup"]
+            others = [r for r in sel if r["T"] == T and not r["method"].startswith("direct") and r["ok"]]
+            if dflt and others:  # the ratio against the fastest exchange that is not peerdcp's direct one
+                fastest = min(others, key=lambda r: r["median"])
+                row["best peer"] = fastest["method"]
+                row["default x vs best peer"] = fastest["median"] / dflt[0]["median"]
             if best:
                 row["fastest variant"] = best[0].removeprefix("direct-")
                 row["x vs " + sel[0]["baseline"]] = best[2]
@@ -469,6 +518,8 @@ def _table(rows: list[dict], mode: str) -> str:
             "T",
             *[m for m in methods if any(m in r for r in table_rows)],
             "default x vs " + sel[0]["baseline"],
+            "best peer",
+            "default x vs best peer",
             "fastest variant",
             "x vs " + sel[0]["baseline"],
         ]

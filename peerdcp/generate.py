@@ -36,7 +36,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "MoE); default: attention on GPUs, tiny on CPU",
     )
     p.add_argument("--config", default=None, help="a local config.json (or its folder) instead of the tiny config")
-    p.add_argument("--weights", default=None, help="local safetensors (a file or a folder) for --config")
+    p.add_argument(
+        "--weights", default=None, help="a local folder of safetensors (as save_pretrained writes them) for --config"
+    )
     p.add_argument("--world", type=_positive_int, default=None, help="ranks (default: GPUs if >= 2, else 2 CPU)")
     p.add_argument("--new-tokens", type=_positive_int, default=16)
     p.add_argument("--prompt-len", type=_positive_int, default=12, help="the longest prompt's tokens")

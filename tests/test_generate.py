@@ -171,3 +171,45 @@ def test_attention_size_builds_the_real_attention_geometry():
     assert (c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim) == (128, 512, 64)
     assert (c.index_n_heads, c.index_head_dim, c.index_topk) == (64, 128, 2048)
     assert m.model.layers[0].self_attn.q_b_proj.weight.shape == (128 * 192, 1536)
+
+
+def test_config_and_weights_from_a_local_folder(tmp_path):
+    # a user's config.json + safetensors: the tiny GLM-5 saved by transformers, decoded from the folder
+    import torch
+    import transformers
+
+    from peerdcp.integrations.transformers import tiny_config
+
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("glm-5"))
+    model.save_pretrained(tmp_path / "m")
+    rc, text, rep = _cli(tmp_path, "--config", str(tmp_path / "m"), "--weights", str(tmp_path / "m"), "--batch", "1",
+                         "--new-tokens", "4", "--no-timing")  # fmt: skip
+    assert rc == 0, text
+    assert rep["setup"][0]["family"] == "glm_moe_dsa" and rep["verdict"]["ok"]
+    built = decode._build("glm-5", "tiny", str(tmp_path / "m"), str(tmp_path / "m"), 0, {})
+    for (name, p), q in zip(model.state_dict().items(), built.state_dict().values()):
+        assert torch.equal(p, q), name  # the folder's weights, not the seed's
+
+
+def _phases(ref_tokens, dcp_tokens, margin, diff=0.001, max_abs=0.5, ranks=2):
+    ref = {"tokens": [ref_tokens], "margin": [margin]}
+    forced = [{"checks": {"query": {"calls": 2, "bad_calls": 0, "first": None}}}] * ranks
+    ref_forced = {"max_diff": [[diff] * len(ref_tokens)], "max_abs": [[max_abs] * len(ref_tokens)]}
+    free = [{"tokens": [dcp_tokens], "ids_differ": {}} for _ in range(ranks)]
+    return ref, forced, ref_forced, free
+
+
+def test_verdict_is_margin_aware():
+    bound = 8 * 2.0**-8  # 8 bf16 ulps of a largest logit in [0.5, 1)
+    # parting at a near tie (margin below twice the bound) passes; at a clear margin it fails, naming the step
+    assert verdict(*_phases([1, 2, 3], [1, 2, 4], [1.0, 1.0, 2 * bound * 0.9]))["ok"]
+    v = verdict(*_phases([1, 2, 3], [1, 5, 3], [1.0, 2 * bound * 1.1, 1.0]))
+    assert not v["ok"] and "step 1" in v["failures"][0]
+    # teacher-forced logits past the bound fail
+    v = verdict(*_phases([1, 2], [1, 2], [1.0, 1.0], diff=bound * 1.01))
+    assert not v["ok"] and v["failures"][0].startswith("teacher-forced logits")
+    # ranks that disagree fail
+    ref, forced, rf, free = _phases([1, 2], [1, 2], [1.0, 1.0])
+    free[1] = {"tokens": [[1, 3]], "ids_differ": {}}
+    assert any("differ between ranks" in f for f in verdict(ref, forced, rf, free)["failures"])

@@ -112,24 +112,16 @@ def _build(family: str, size: str, config_path: str | None, weights_path: str | 
     else:
         cfg = SIZES[size](family, **overrides)
     torch.manual_seed(seed)  # the same weights on every rank
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    if weights_path:
-        import glob
-        import os
-
-        from safetensors.torch import load_file
-
-        files = (
-            sorted(glob.glob(os.path.join(weights_path, "*.safetensors")))
-            if os.path.isdir(weights_path)
-            else [weights_path]
+    if not weights_path:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    else:
+        # transformers' own loader: checkpoints store experts per expert, the modules fused (its conversion)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            weights_path, config=cfg, attn_implementation="eager", dtype=torch.float32, output_loading_info=True
         )
-        state = {}
-        for f in files:
-            state.update(load_file(f))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing:
-            raise ValueError(f"--weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            raise ValueError(f"--weights {weights_path}: {len(missing)} parameters missing, e.g. {missing[:3]}")
     model.generation_config.eos_token_id = None  # fixed-length greedy decode: the two sides stay aligned
     model.generation_config.pad_token_id = 0
     return model.eval()

@@ -280,7 +280,7 @@ def rank_main(cfg: dict) -> list[dict]:
             vllm_a2a = VllmA2A(vmod, W, H, HEAD_DIM)
             methods["vllm-a2a"] = vllm_a2a
         for T in cfg["tokens"]:
-            warm_gpu()  # every T starts at working clocks (the first T used to be timed cold)
+            warm_gpu()  # every T starts at working clocks (else the first T is timed cold)
             sets = []
             refs = []
             for k in range(N_SETS):

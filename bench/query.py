@@ -234,7 +234,7 @@ def rank_main(cfg: dict) -> list[dict]:
                 if me == 0 and cfg["verbose"]:
                     print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
             for T in cfg["tokens"]:
-                warm_gpu()  # every T starts at working clocks (the first T used to be timed cold)
+                warm_gpu()  # every T starts at working clocks (else the first T is timed cold)
                 g = torch.Generator(device=dev).manual_seed(1000 * me + T)
                 # positions are the same on every rank (DCP: every rank decodes the same tokens); the
                 # "roped" and "push" exchanges rotate each row with its producer's positions, so per-rank positions

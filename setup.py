@@ -1,5 +1,5 @@
 """Packaging hook (the metadata is in pyproject.toml): a wheel carries the CUDA C++ sources of the top-level
-``csrc/`` (DESIGN.md section 2) inside the package, as ``peerdcp/csrc/``, where ``peerdcp.jit`` looks first, so
+``csrc/`` (DESIGN.md section 2) inside the package, as ``peerdcp/csrc/``, where ``peerdcp._runtime.jit`` looks first, so
 an installed peerdcp can build its kernels at first use. An editable checkout builds from ``csrc/`` itself."""
 
 from pathlib import Path
@@ -17,9 +17,11 @@ class BuildPyWithCsrc(build_py):
             return  # the package maps to the checkout, whose jit finds csrc/ beside it
         dst = Path(self.build_lib) / "peerdcp" / "csrc"
         self.mkpath(str(dst))
-        for f in sorted(CSRC.iterdir()):
+        for f in sorted(CSRC.rglob("*")):
             if f.suffix in (".cu", ".cuh"):
-                self.copy_file(str(f), str(dst / f.name))
+                rel = f.relative_to(CSRC)
+                self.mkpath(str((dst / rel).parent))
+                self.copy_file(str(f), str(dst / rel))
 
 
 setup(cmdclass={"build_py": BuildPyWithCsrc})

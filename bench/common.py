@@ -99,7 +99,7 @@ def run_ranks(target: str, world: int | None = None, *args: Any, timeout: float 
     The function is named by string so that a benchmark started as ``python -m bench.x`` (whose module
     is ``__main__`` in the parent) is imported by its real name in the children.
     """
-    from peerdcp.launch import RankPool
+    from peerdcp.harness.launch import RankPool
 
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world is None:

@@ -28,7 +28,7 @@ context and 16-26 rows, where one-CTA selections take the merge by PDL):
 
 Part 3 (``--local``) - the local candidate stage alone (``TopK.local_candidates``: this rank's top 2048 of its
 scores as sorted canonical keys), rows 1 ... 128 x local lengths 4K ... 128K, random scores: ``cuda`` - the
-selection kernel (``csrc/topk_select.cu``: keys from scores, radix select, shared-memory sort) with its rule's
+selection kernel (``csrc/topk/select.cu``: keys from scores, radix select, shared-memory sort) with its rule's
 ``ctas`` CTAs per row (a thread-block cluster at few rows), ``cuda_1cta`` - the same kernel with one CTA per row,
 vs ``torch`` - the Triton keys kernel + ``torch.topk`` (what the stage ran before, and still runs above 2048
 candidates or without nvcc); ``speedup`` = torch / cuda. Local, so one GPU runs it (``--world 1 --no-merge
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _smoke(cfg: dict, world: int) -> dict:
-    from peerdcp.launch import RankPool
+    from peerdcp.harness.launch import RankPool
 
     with RankPool(world, backend="gloo") as pool:
         return pool.run(rank_main, cfg, timeout=1200)[0]

@@ -25,13 +25,13 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .run import main_run
+    from .harness.run import main_run
 
     return main_run(args)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import main_generate
+    from .harness.generate import main_generate
 
     return main_generate(args)
 
@@ -63,13 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     pg = sub.add_parser(
         "generate", help="a transformers DSA/MLA model decoding with DCP beside the unsharded model, checked"
     )
-    from .generate import add_generate_arguments
+    from .harness.generate import add_generate_arguments
 
     add_generate_arguments(pg)
     pg.set_defaults(func=_cmd_generate)
 
     pr = sub.add_parser("run", help="one DCP decode step through all three mechanisms, checked")
-    from .run import add_run_arguments
+    from .harness.run import add_run_arguments
 
     add_run_arguments(pr)
     pr.set_defaults(func=_cmd_run)

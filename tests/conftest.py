@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from peerdcp.launch import RankPool
+from peerdcp.harness.launch import RankPool
 from peerdcp.memory.probe import ranks_share_gpus
 
 _POOLS: dict[tuple[int, str], RankPool] = {}
@@ -27,7 +27,7 @@ SHARED_GPU = ranks_share_gpus(max(2, GPU_WORLD))
 GPU_BACKEND = "cpu:gloo,cuda:gloo" if SHARED_GPU else "cpu:gloo,cuda:nccl"
 
 # Without a GPU the tests only call the CUDA libraries' host entry points: build them in host-check form
-# (peerdcp.jit.host_check: unoptimized PTX, ~30 s for all five on two cores instead of ~3 min); rank processes
+# (peerdcp._runtime.jit.host_check: unoptimized PTX, ~30 s for all five on two cores instead of ~3 min); rank processes
 # inherit it.
 if not torch.cuda.is_available():
     os.environ.setdefault("PEERDCP_JIT_HOST_CHECK", "1")

@@ -283,7 +283,7 @@ def twin_cycles(n: int) -> dict:
 
     import torch.distributed as dist
 
-    from peerdcp import _dist
+    from peerdcp._runtime import groups as _dist
 
     backend = _twin_backend()
     ranks = list(range(dist.get_world_size()))
@@ -370,7 +370,7 @@ def fail_after_allocation(cls: str, backend: str, fault_rank: int) -> dict:
 
 def misaligned_on_one_rank(bad_rank: int) -> dict:
     """A PeerBuffer whose last peer address is 8 bytes off on ``bad_rank`` only (a stand-in teardown counts calls)."""
-    from peerdcp._dist import resolve_group
+    from peerdcp._runtime.groups import resolve_group
     from peerdcp.memory.buffer import PeerBuffer
 
     info = resolve_group(None)
@@ -416,7 +416,7 @@ def with_error_word_at(addr: int, fn_name: str, *args):
     import ctypes
     from unittest import mock
 
-    from peerdcp import kernel_support
+    from peerdcp._runtime import device as kernel_support
 
     if not _map_low_page(addr):
         return "unmappable"

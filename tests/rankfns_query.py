@@ -15,8 +15,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from peerdcp._runtime.device import f32_to_bf16_bits
 from peerdcp.errors import PeerSetupError, PeerTimeoutError
-from peerdcp.kernel_support import f32_to_bf16_bits
 from peerdcp.query import QueryGather, widened_query, widened_query_bounds
 from peerdcp.query import gather as gather_mod
 from peerdcp.query import kernels as K
@@ -769,7 +769,8 @@ def subnormal_pe() -> dict:
 
 
 def mismatch_map(case: dict, impl: str, exchange: str, memory: str = "vmm") -> dict:
-    """Diagnosis (scripts/diag/query_mismatch.py): one path of a matrix case against the fp32 reference, and where
+    """Diagnosis (scripts/diag/query_mismatch.py, in git history): one path of a matrix case against the fp32
+    reference, and where
     its bytes differ - per token, widened head and part (nope / rope) - with the first few (got, expected) codes;
     ``poison`` counts elements still at the poison pattern (never written)."""
     T, nopes, pes, pos, cs, r32, _, common = case_setup(case, 2000 + case.get("T", 5))

@@ -1,5 +1,5 @@
-"""The argument helpers and errors every public class shares (``peerdcp._checks``, ``peerdcp.errors``,
-``peerdcp._dist``)."""
+"""The argument helpers and errors every public class shares (``peerdcp._runtime.checks``, ``peerdcp.errors``,
+``peerdcp._runtime.groups``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from peerdcp._checks import MAX_TIMEOUT_S, resolve_device, timeout_problem
+from peerdcp._runtime.checks import MAX_TIMEOUT_S, resolve_device, timeout_problem
 from peerdcp.errors import PeerSetupError, PeerTimeoutError
 
 
@@ -46,7 +46,7 @@ def test_devices_that_do_not_exist_are_value_errors():
 def test_a_cuda_launch_never_takes_a_stream_for_host_tensors():
     """``kernel_support.current_stream_handle`` (every ctypes launch's stream) refuses a non-CUDA device: were it to
     return the current device's stream, a launch with host pointers would run (and fault the GPU)."""
-    from peerdcp.kernel_support import current_stream_handle
+    from peerdcp._runtime.device import current_stream_handle
 
     for dev in ("cpu", "meta"):
         with pytest.raises(ValueError, match="CUDA device"):

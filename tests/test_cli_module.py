@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from peerdcp import run
+from peerdcp.harness import run
 
 
 def test_cli_module_runs_like_package():

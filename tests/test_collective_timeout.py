@@ -1,5 +1,5 @@
 """The collective backends on CPU tensors (gloo) bound a missing peer by ``timeout_s`` as the direct ones do:
-Output a2a / ag_rs, Query allgather, Top-K allgather (``peerdcp._dist.bounded_collective``)."""
+Output a2a / ag_rs, Query allgather, Top-K allgather (``peerdcp._runtime.groups.bounded_collective``)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from peerdcp.jit import nvcc_path
+from peerdcp._runtime.jit import nvcc_path
 
 
 def _make(d: int) -> tuple[int, int]:

@@ -21,9 +21,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from peerdcp.harness.launch import RankPool  # noqa: E402
 from peerdcp.integrations.transformers import decode  # noqa: E402
 from peerdcp.integrations.transformers.verdict import verdict  # noqa: E402
-from peerdcp.launch import RankPool  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.cuda
 
 
 def test_jit_build_and_launch():
-    from peerdcp.jit import load
+    from peerdcp._runtime.jit import load
 
     lib = load("peerdcp_selftest")
     fn = lib.peerdcp_selftest_fill

@@ -1,4 +1,4 @@
-"""peerdcp.jit's host-check builds (no GPU needed): the flags they use and the refusal on a GPU machine."""
+"""peerdcp._runtime.jit's host-check builds (no GPU needed): the flags they use and the refusal on a GPU machine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from unittest import mock
 
 import pytest
 
-from peerdcp import jit
+from peerdcp._runtime import jit
 
 
 def test_host_check_flags_stop_at_unoptimized_ptx(monkeypatch):
@@ -25,8 +25,8 @@ def test_host_check_flags_stop_at_unoptimized_ptx(monkeypatch):
         ], name
     # a different cache entry from the full build's
     _, flags = jit.LIBRARIES["peerdcp_output"]
-    full = jit._target("peerdcp_output", ("output_direct.cu",), flags)[1]
-    host = jit._target("peerdcp_output", ("output_direct.cu",), jit._flags(flags))[1]
+    full = jit._target("peerdcp_output", ("output/direct.cu",), flags)[1]
+    host = jit._target("peerdcp_output", ("output/direct.cu",), jit._flags(flags))[1]
     assert full != host
 
 

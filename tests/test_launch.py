@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from peerdcp.launch import RankError, RankPool
+from peerdcp.harness.launch import RankError, RankPool
 
 
 class _Interrupt(Exception):

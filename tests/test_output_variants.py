@@ -17,7 +17,7 @@ import rankfns_output as fns
 import torch
 from conftest import GPU_BACKEND
 
-from peerdcp.jit import nvcc_path
+from peerdcp._runtime.jit import nvcc_path
 from peerdcp.output import ops
 from peerdcp.output import reducer as R
 

@@ -1,5 +1,5 @@
 """What a plain ``pip install peerdcp`` (a wheel, not an editable checkout) carries: the CUDA C++ sources that
-``peerdcp.jit`` builds at first use. They sit in the checkout's top-level ``csrc/`` (DESIGN.md section 2), so
+``peerdcp._runtime.jit`` builds at first use. They sit in the checkout's top-level ``csrc/`` (DESIGN.md section 2), so
 ``setup.py`` copies them into the wheel as ``peerdcp/csrc/``; without them an installed peerdcp could build none of
 its kernels and every CUDA fast path would fall back to Triton."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from peerdcp import jit
+from peerdcp._runtime import jit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,14 +46,15 @@ def test_checkout_builds_from_its_csrc():
 def test_installed_wheel_finds_every_source_and_keys_the_same_builds(tmp_path):
     whl = _build_wheel(tmp_path)
     names = set(zipfile.ZipFile(whl).namelist())
-    want = {f"peerdcp/csrc/{p.name}" for p in jit.CSRC.iterdir() if p.suffix in (".cu", ".cuh")}
+    sources = [p for p in jit.CSRC.rglob("*") if p.suffix in (".cu", ".cuh")]
+    want = {f"peerdcp/csrc/{p.relative_to(jit.CSRC).as_posix()}" for p in sources}
     assert len(want) >= sum(len(s) for s, _ in jit.LIBRARIES.values())
     assert want <= names, sorted(want - names)
     # the unpacked wheel's jit module (it imports nothing of the package): it finds the sources in the package, and
     # every library gets the checkout's cache key (same sources and headers, same flags)
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
-    spec = importlib.util.spec_from_file_location("wheel_jit", site / "peerdcp" / "jit.py")
+    spec = importlib.util.spec_from_file_location("wheel_jit", site / "peerdcp" / "_runtime" / "jit.py")
     wheel_jit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(wheel_jit)
     assert site / "peerdcp" / "csrc" == wheel_jit.CSRC

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from peerdcp.jit import nvcc_path
+from peerdcp._runtime.jit import nvcc_path
 from peerdcp.query import kernels as K
 
 pytestmark = pytest.mark.skipif(

@@ -30,7 +30,7 @@ GPU_CASES = {
     "fp8-interleaved-T9-H8-oob": dict(style="interleaved", out=FP8, T=9, H=8, oob=True),
     "bf16-neox-T6-H8-oob-pos32": dict(style="neox", out=BF16, T=6, H=8, oob=True, pos32=True),
     # rope_dim 512, beyond the 256 dims the CUDA kernel stages per block: it reads each cos/sin row from the table
-    # per use (CosSin::row, csrc/query_common.cuh), which clamps the position on its own
+    # per use (CosSin::row, csrc/query/params.cuh), which clamps the position on its own
     "fp8-interleaved-T5-H2-rope512-oob": dict(style="interleaved", out=FP8, T=5, H=2, rope=512, oob=True),
     f"fp8-neox-scale-T37-H{PH}-pad{PAD}": dict(style="neox", out=FP8, scale=0.5, pad=PAD, T=37, H=PH, pos32=True),
     f"bf16-interleaved-T64-H{PH}-pad{PAD}": dict(style="interleaved", out=BF16, table="kimi-k2", T=64, H=PH, pad=PAD),

@@ -1,5 +1,5 @@
-"""The Query sentinel push's word formats (``peerdcp.query.sentinel``, mirrored by ``csrc/query_common.cuh``'s
-``sn_word`` / ``sn_word_bf16`` and ``csrc/query_lines.cuh``'s ``copy_rows_sn``): a producer's word is never the
+"""The Query sentinel push's word formats (``peerdcp.query.sentinel``, mirrored by ``csrc/query/params.cuh``'s
+``sn_word`` / ``sn_word_bf16`` and ``csrc/query/flag_in_data.cuh``'s ``copy_rows_sn``): a producer's word is never the
 rest state and keeps every non-NaN value bit for bit; a consumer takes an item only when every word of it
 landed. And its slot-reuse argument on a model of W = 2..4 ranks under arbitrary interleavings: two parity
 areas never hand a consumer another call's word nor lose one (one area would) - the CUDA kernel itself has
@@ -60,7 +60,7 @@ def test_an_item_is_taken_only_when_every_word_landed(words, landed, bf16):
 
 
 # ------------------------------------------------------------------------------------------------ schedules
-# The sentinel push's slot-reuse argument (csrc/query_lines.cuh), checked on a model under arbitrary
+# The sentinel push's slot-reuse argument (csrc/query/flag_in_data.cuh), checked on a model under arbitrary
 # interleavings: W ranks run `calls` calls each, in stream order. A call publishes one word into its parity
 # area of every peer (the stores are in flight until they land, and all of them land before the call can
 # complete - a kernel's stores are performed when it completes); it then takes every peer's word from its own

@@ -1,4 +1,4 @@
-"""The sentinel kernel's word formats (``peerdcp.output.sentinel``, mirrored by ``csrc/output_sentinel.cuh``):
+"""The sentinel kernel's word formats (``peerdcp.output.sentinel``, mirrored by ``csrc/output/sentinel.cuh``):
 a producer's word never looks like rest, a consumer never takes a vector or an LSE that is not this call's -
 whatever mix of old and new words it reads, including words left over from a call exactly 2**12 calls earlier
 (where a 32-bit flag would repeat)."""

@@ -129,7 +129,7 @@ def test_gpu_scoring_kernel_against_reference(pools, heads, interleave, upcast):
     ],
 )
 def test_gpu_cuda_scan_against_reference(pools, heads, interleave, npage, min_ctas):
-    """The CUDA scan (csrc/topk_score.cu) against the fp64 reference: both layouts, MTP rows, rows of 0 to 300
+    """The CUDA scan (csrc/topk/score.cu) against the fp64 reference: both layouts, MTP rows, rows of 0 to 300
     tokens, a narrow and no block table, the head tiles of 32 and 64 (8, 20, 32, 48, 64 heads), 1 to 64 pages per
     CTA, both compiled register budgets; owner-sharded scores equal to the replicated ones bit for bit."""
     tune = {"scan_backend": "cuda", "cuda_scan_npage": npage, "cuda_scan_min_ctas": min_ctas}

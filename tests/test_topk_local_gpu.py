@@ -1,5 +1,5 @@
 """The local stages of the indexer / Top-K on one GPU (skipped without CUDA): the scoring kernel's launch options
-and the CUDA candidate selection (``csrc/topk_select.cu``) against the canonical reference, bit for bit."""
+and the CUDA candidate selection (``csrc/topk/select.cu``) against the canonical reference, bit for bit."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_gpu_scoring_pdl_matches_plain_launch(pools):
 
 
 def test_gpu_cuda_scan_graph_replays(pools):
-    """The CUDA scan (csrc/topk_score.cu) in a CUDA graph: a chain of calls with a cache write in the middle,
+    """The CUDA scan (csrc/topk/score.cu) in a CUDA graph: a chain of calls with a cache write in the middle,
     replayed with poisoned outputs, equals its eager calls bit for bit and sees the new token."""
     res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_pdl, 11, backend="cuda")
     for r in res:  # 6 calls in the chain, every one the CUDA scan

@@ -1,4 +1,4 @@
-"""The CUDA C++ merge kernel (csrc/topk_merge.cu) alone, on one GPU: W sorted candidate lists (no peers) merged
+"""The CUDA C++ merge kernel (csrc/topk/merge.cu) alone, on one GPU: W sorted candidate lists (no peers) merged
 into the exact top-k, for W = 1 ... 8, every CTAs-per-row count the rule can give and more, and list lengths
 that leave lists empty, short, one short of k and full. Checked against ``torch.topk`` over the union."""
 

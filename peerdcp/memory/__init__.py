@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import resolve_device
-from .._dist import GroupInfo, agree, agree_args, all_gather_object, resolve_group
+from .._runtime.checks import resolve_device
+from .._runtime.groups import GroupInfo, agree, agree_args, all_gather_object, resolve_group
 from .buffer import PeerBuffer
 from .probe import Capabilities, Check, KindReport, probe
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._dist import GroupInfo, agree, agree_args
+from .._runtime.groups import GroupInfo, agree, agree_args
 from ..errors import PeerDCPError, PeerSetupError
 
 __all__ = ["PEER_ALIGN", "PeerBuffer"]

@@ -19,7 +19,7 @@ import uuid
 
 import torch
 
-from .._dist import GroupInfo, agree, all_gather_object, hostname
+from .._runtime.groups import GroupInfo, agree, all_gather_object, hostname
 from .buffer import PeerBuffer
 
 __all__ = ["allocate_host", "SHM_DIR", "SHM_PREFIX"]

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .._dist import GroupInfo
+from .._runtime.groups import GroupInfo
 
 __all__ = [
     "Check",
@@ -345,12 +345,12 @@ def probe(group=None, *, device: int | None = None) -> Capabilities:
 
     info: GroupInfo | None = None
     if group is not None or (dist.is_available() and dist.is_initialized()):
-        from .._dist import resolve_group
+        from .._runtime.groups import resolve_group
 
         info = resolve_group(group)
     facts = _local_gpu_facts(device)
     if info is not None:
-        from .._dist import all_gather_object
+        from .._runtime.groups import all_gather_object
 
         all_facts = all_gather_object(info, facts)
         rank, W = info.rank, info.world_size

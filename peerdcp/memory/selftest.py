@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel_support import ErrorWord, mechanism_code, on_gpu, peer_pointer, signal_release, spin_budget, wait_equal
+from .._runtime.device import ErrorWord, mechanism_code, on_gpu, peer_pointer, signal_release, spin_budget, wait_equal
 from .buffer import PeerBuffer
 
 __all__ = ["roundtrip", "roundtrip_nbytes", "expected_pattern"]

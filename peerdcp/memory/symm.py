@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import cuda_index
-from .._dist import GroupInfo, agree
+from .._runtime.checks import cuda_index
+from .._runtime.groups import GroupInfo, agree
 from .buffer import PeerBuffer
 
 __all__ = ["allocate_symm"]

@@ -24,8 +24,8 @@ import uuid
 
 import torch
 
-from .._checks import cuda_index
-from .._dist import GroupInfo, agree, all_gather_object
+from .._runtime.checks import cuda_index
+from .._runtime.groups import GroupInfo, agree, all_gather_object
 from ._cuda import check, driver, tensor_from_device_ptr
 from .buffer import PeerBuffer
 

@@ -2,7 +2,7 @@
 
 * :mod:`.reference` - the combine spec in plain torch (read it first);
 * :mod:`.kernels` - Triton kernels (fused direct exchange, combine, correction) and the inbox layout;
-* :mod:`.ops` - the CUDA fast path (``csrc/output_direct.cu``) as the ``peerdcp::output_direct`` op;
+* :mod:`.ops` - the CUDA fast path (``csrc/output/direct.cu``) as the ``peerdcp::output_direct`` op;
 * :mod:`.reducer` - :class:`OutputReducer`, the public class.
 """
 

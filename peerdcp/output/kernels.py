@@ -2,7 +2,7 @@
 
 * :func:`direct_kernel` - the fused producer-direct exchange (publish -> release signal -> bounded
   acquire wait -> combine) in one launch. It is the interpreter path (``TRITON_INTERPRET=1`` on host
-  shared memory, real processes) and the GPU twin of the CUDA kernel in ``csrc/output_direct.cu``;
+  shared memory, real processes) and the GPU twin of the CUDA kernel in ``csrc/output/direct.cu``;
   both implement the same protocol on the same inbox layout (:class:`InboxLayout`).
 * :func:`combine_kernel` - the LSE combine of stacked received sources (the ``a2a`` baseline).
 * :func:`correct_kernel` - the per-rank LSE correction before a reduce-scatter (the ``ag_rs`` baseline).
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ..kernel_support import cast_rne, next_epoch, signal_release, to_f32, wait_equal
+from .._runtime.device import cast_rne, next_epoch, signal_release, to_f32, wait_equal
 
 __all__ = ["TOKEN_SPACE", "InboxLayout", "direct_kernel", "combine_kernel", "correct_kernel", "heads_per_unit"]
 

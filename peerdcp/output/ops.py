@@ -1,4 +1,4 @@
-"""The CUDA fast path of the direct exchange: ``csrc/output_direct.cu`` behind a C ABI and a torch.library op.
+"""The CUDA fast path of the direct exchange: ``csrc/output/direct.cu`` behind a C ABI and a torch.library op.
 
 ``peerdcp::output_direct`` is a real custom op (``torch.library.custom_op`` with a fake implementation,
 so ``torch.compile`` can trace through it); it launches the fused kernel on the current CUDA stream
@@ -14,15 +14,15 @@ import functools
 
 import torch
 
-from ..jit import load as load_jit
-from ..kernel_support import current_stream_handle, num_sms
+from .._runtime.device import current_stream_handle, num_sms
+from .._runtime.jit import load as load_jit
 
 __all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct", "OPTS"]
 
 MAX_WORLD = 8
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
-# Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output_direct.cu). The default is
+# Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output/direct.cu). The default is
 # none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
 OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16, "split_roles": 32, "sentinel": 64}
 
@@ -55,7 +55,7 @@ def opts_mask(names) -> int:
 
 
 class OutputDirectParams(ctypes.Structure):
-    """Mirror of ``OutputDirectParams`` in ``csrc/output_direct.cu`` (same order, same types)."""
+    """Mirror of ``OutputDirectParams`` in ``csrc/output/direct.cu`` (same order, same types)."""
 
     _fields_ = [
         ("partial_out", ctypes.c_void_p),
@@ -89,7 +89,8 @@ class OutputDirectParams(ctypes.Structure):
         ("sn_loads", ctypes.c_int32),
         ("sn_off", ctypes.c_int64),
         ("sn_lse_off", ctypes.c_int64),
-        ("dbg", ctypes.c_void_p),  # diagnosis only (scripts/diag/sentinel_timeline.py); None everywhere else
+        # diagnosis only (scripts/diag/sentinel_timeline.py, in git history); None everywhere else
+        ("dbg", ctypes.c_void_p),
     ]
 
 
@@ -106,7 +107,7 @@ def library() -> ctypes.CDLL:
     size = lib.peerdcp_output_direct_params_size()
     if size != ctypes.sizeof(OutputDirectParams):
         raise RuntimeError(
-            f"csrc/output_direct.cu OutputDirectParams is {size} bytes, the ctypes mirror "
+            f"csrc/output/direct.cu OutputDirectParams is {size} bytes, the ctypes mirror "
             f"{ctypes.sizeof(OutputDirectParams)}: keep peerdcp/output/ops.py in sync"
         )
     return lib
@@ -289,7 +290,7 @@ def output_direct(
     sn_min_tokens: int = 0,
     sn_split: list[int] | None = None,
 ) -> None:
-    """The fused direct exchange + combine (see ``csrc/output_direct.cu``). Writes ``out [T, H, D]`` and,
+    """The fused direct exchange + combine (see ``csrc/output/direct.cu``). Writes ``out [T, H, D]`` and,
     with ``return_lse``, ``out_lse [T, H]``; advances ``epochs``. Inputs are validated by the caller.
     ``opts``: the reducer's opt-in kernel variants (:data:`OPTS` bits; 0 = default)."""
     launcher = DirectLauncher(

@@ -6,7 +6,7 @@ LSE-weighted combine of every rank's partial. Backends:
 * ``"direct"`` - producer-direct over peer memory (``memory`` vmm | symm | host): each rank stores every
   destination's head slice ``[T, H, D]`` and LSE ``[T, H]`` straight into that destination's inbox,
   release-signals, acquire-waits (bounded) for every source, and combines - one fused kernel
-  (``csrc/output_direct.cu`` on CUDA, or the Triton twin ``kernels.direct_kernel``; the Triton kernel is
+  (``csrc/output/direct.cu`` on CUDA, or the Triton twin ``kernels.direct_kernel``; the Triton kernel is
   also the CPU path under ``TRITON_INTERPRET=1``). Device-side epochs with two parity slots: no host
   sync and no barrier between calls; capturable in CUDA graphs. For small T the CUDA kernel uses the
   LL protocol (the flag rides in every 8-byte word: no fence, no flag round trip), above it the sentinel
@@ -40,10 +40,11 @@ import torch
 import torch.distributed as dist
 import triton
 
-from .._checks import resolve_device, timeout_problem
-from .._dist import agree, agree_or_release, all_gather_object, bounded_collective, resolve_group
+from .._runtime.checks import resolve_device, timeout_problem
+from .._runtime.device import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
+from .._runtime.groups import agree, agree_or_release, all_gather_object, bounded_collective, resolve_group
+from .._runtime.lifecycle import Collective
 from ..errors import PeerSetupError, PeerTimeoutError
-from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from ..memory import allocate, choose_memory
 from . import kernels as K
 from .reference import normalize_lse_base
@@ -72,7 +73,7 @@ TUNING = {
     # 64 KiB per destination (bench/RESULTS.md, Output/LSE).
     "cuda_ll_max_bytes": 65536,
     # CUDA kernel: calls with cuda_ll_max_tokens < T <= this use the LL128 protocol (flags inside 128-byte lines;
-    # see csrc/output_direct.cu for the assumption it makes), larger T the next kernel; 0: off (the default).
+    # see csrc/output/direct.cu for the assumption it makes), larger T the next kernel; 0: off (the default).
     # Off because the sentinel kernel is faster in LL128's band (Kimi, PDL, graph: 5.5 vs 6.5 us at T = 24), where
     # LL128 beats the plain kernel (24 <= T <= 48: this = 48 with the minimum below is its best band).
     "cuda_ll128_max_tokens": 0,
@@ -81,7 +82,7 @@ TUNING = {
     # "tight_grid" (launch only the CTAs that own a unit), "early_load" (input loads overlap the epoch read),
     # "pdl" (programmatic dependent launch; on by default: 0.3-0.5 us faster at every T, A/B in one benchmark
     # process), "ll128" (T > cuda_ll_max_tokens: flags inside 128-byte lines,
-    # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output_direct.cu), "chunked"
+    # NCCL's LL128; relies on 128-byte line stores being seen whole, see csrc/output/direct.cu), "chunked"
     # (T > cuda_ll_max_tokens: the plain protocol released per chunk of units by a signalling warp, so the
     # combine overlaps the transfer), "split_roles" (with "chunked": separate publishing and combining
     # warps), "sentinel" (T > cuda_sentinel_min_tokens: the payload region holds a reserved 16-bit pattern at
@@ -171,7 +172,7 @@ def default_ll_max_tokens(heads_per_rank: int, head_dim: int, dtype: torch.dtype
     return min(cap, int(TUNING["cuda_ll_max_bytes"]) // (heads_per_rank * head_dim * size))
 
 
-class OutputReducer:
+class OutputReducer(Collective):
     """LSE-weighted reduce of DCP partial attention outputs to each rank's own heads.
 
     Args:
@@ -190,7 +191,7 @@ class OutputReducer:
             timeout and error.
         device: CUDA device (default: current) or ``"cpu"`` (host memory, interpreter kernels).
         kernel: direct kernel: ``"auto"`` (:data:`DIRECT_KERNEL_DEFAULT` on CUDA, Triton on CPU),
-            ``"cuda"`` (``csrc/output_direct.cu``; needs ``D % 8 == 0``, W <= 8) or ``"triton"``.
+            ``"cuda"`` (``csrc/output/direct.cu``; needs ``D % 8 == 0``, W <= 8) or ``"triton"``.
         programs: grid size G of the direct kernel (default: from :data:`TUNING` and the occupancy).
         ll_max_tokens: CUDA kernel only: calls with ``T <= ll_max_tokens`` use the LL protocol (each 8-byte
             word carries 4 data bytes and the call's flag: no fence, no flag round trip, twice the bytes).
@@ -230,7 +231,6 @@ class OutputReducer:
     ) -> None:
         self._closed = True  # until fully constructed
         self._buf = None
-        self._error: BaseException | None = None
         info = resolve_group(group)
         self._info = info
         self.rank, self.world_size = info.rank, info.world_size
@@ -531,26 +531,10 @@ class OutputReducer:
         agree_or_release(info, local_err, "OutputReducer set-up after the allocation", self._buf)
 
     # --------------------------------------------------------------------------------- checks
-    def _raise_if_unusable(self) -> None:
-        if self._closed:
-            raise ValueError("OutputReducer is closed")
-        if self._error is not None:
-            raise self._error
-        if self._buf is not None and self._err.words[0] != 0:
-            self._record_error()
-            raise self._error
-
-    def _record_error(self) -> None:
+    def _timeout_error(self) -> PeerTimeoutError:
+        # the Output kernels store the call's flag word (epoch * TOKEN_SPACE + token) as the epoch
         w = [int(x) for x in self._err.words[:5]]
-        epoch = w[4] // K.TOKEN_SPACE
-        self._error = PeerTimeoutError(w[1], w[2], "output", epoch, self.timeout_s)
-
-    def check(self) -> None:
-        """Raise :class:`PeerTimeoutError` if any earlier call's wait expired (synchronizes the device
-        first, so calls still in flight are included); afterwards every call raises it too."""
-        if self._buf is not None and self._gpu and not torch.cuda.is_current_stream_capturing():
-            torch.cuda.synchronize(self.device)
-        self._raise_if_unusable()
+        return PeerTimeoutError(w[1], w[2], "output", w[4] // K.TOKEN_SPACE, self.timeout_s)
 
     def _validate(self, partial_out, partial_lse, return_lse) -> int:
         W, H, D = self.world_size, self.heads, self.head_dim
@@ -605,7 +589,7 @@ class OutputReducer:
         Every rank must make the same calls with the same T. Capturable in a CUDA graph (no host sync,
         outputs allocated from the graph's pool).
         """
-        self._raise_if_unusable()
+        self._ready("reduce")
         T = self._validate(partial_out, partial_lse, return_lse)
         H, D = self.heads, self.head_dim
         out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)
@@ -645,9 +629,8 @@ class OutputReducer:
             W=W, H=H, D=D, HB=self._hpu, BLOCK_D=triton.next_power_of_2(D), NC=triton.cdiv(H, self._hpu),
             BASE2=self._base2, RETURN_LSE=out_lse is not None, MECH=self._mech, GPU=self._gpu,
         )  # fmt: skip
-        if not self._gpu and self._err.words[0] != 0:  # the interpreter ran synchronously: report now
-            self._record_error()
-            raise self._error
+        if not self._gpu:  # the interpreter ran synchronously: report a timeout now
+            self._ready("reduce")
 
     def _collective(self, op, out: torch.Tensor, inp: torch.Tensor) -> None:
         """One collective of the a2a / ag_rs backends: on CPU tensors over the gloo group, bounded by ``timeout_s``
@@ -657,7 +640,7 @@ class OutputReducer:
         try:
             bounded_collective(op, out, inp, group=group, timeout_s=self.timeout_s, rank=self.rank, mechanism="output")
         except PeerTimeoutError as e:
-            self._error = e
+            self._failure = e
             raise
 
     def _combine_args(self, H: int, D: int) -> tuple[int, int]:
@@ -704,26 +687,6 @@ class OutputReducer:
         if d is None:
             d = self._dummy_lse = torch.empty(1, dtype=torch.float32, device=self.device)
         return d
-
-    # --------------------------------------------------------------------------------- lifetime
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Collective and idempotent: every rank calls it; releases the inbox (peer memory)."""
-        if self._closed:
-            return
-        self._closed = True
-        buf, self._buf = self._buf, None
-        if buf is not None:
-            buf.close()
-
-    def __enter__(self) -> OutputReducer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

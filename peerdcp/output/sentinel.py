@@ -1,4 +1,4 @@
-"""The word formats of the CUDA sentinel kernel (``csrc/output_sentinel.cuh``), as plain Python: the spec the
+"""The word formats of the CUDA sentinel kernel (``csrc/output/sentinel.cuh``), as plain Python: the spec the
 kernel's publish and poll rules implement, small enough to check exhaustively on the host
 (``tests/test_sentinel_protocol.py``).
 

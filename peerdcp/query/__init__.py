@@ -4,7 +4,7 @@ zero-copy).
 
 Start with :mod:`peerdcp.query.reference` (the plain-torch specification), then :mod:`.rope` (the
 ``cos_sin_cache`` tables: plain, YaRN for DeepSeek-V3.2 and Kimi-K2), :mod:`.kernels` (Triton: the
-direct protocol and the fused allgather pass), ``csrc/query_direct.cu`` (the CUDA twin, :mod:`.ops`; the
+direct protocol and the fused allgather pass), ``csrc/query/direct.cu`` (the CUDA twin, :mod:`.ops`; the
 sentinel push's word rules in plain Python: :mod:`.sentinel`) and :class:`QueryGather` (the public object).
 """
 

@@ -31,10 +31,11 @@ import torch
 import triton
 
 from .. import memory as _memory
-from .._checks import is_int, resolve_device, timeout_problem
-from .._dist import agree, agree_or_release, all_gather_object, bounded_collective, resolve_group
+from .._runtime.checks import is_int, resolve_device, timeout_problem
+from .._runtime.device import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
+from .._runtime.groups import agree, agree_or_release, all_gather_object, bounded_collective, resolve_group
+from .._runtime.lifecycle import Collective
 from ..errors import PeerSetupError, PeerTimeoutError
-from ..kernel_support import ErrorWord, mechanism_code, num_sms, on_gpu, spin_budget
 from . import kernels as K
 from .reference import ROPE_STYLES, widened_query
 
@@ -71,7 +72,7 @@ PUSH_AUTO_MAX_GROWTH = 1
 # the kernel the direct backend uses on a GPU when impl="auto" (the benchmark compares both)
 DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # read at construction: calls with T <= "cuda_pdl_max_tokens" launch the CUDA direct kernel with
-# programmatic dependent launch (the next call's launch overlaps this one's tail; csrc/query_direct.cu says
+# programmatic dependent launch (the next call's launch overlaps this one's tail; csrc/query/direct.cu says
 # why the protocol is unchanged); 0 turns it off. With / without PDL: 5.54 / 5.90 at T = 1, 9.40 / 9.89 at 32,
 # but 12.31 / 11.35 at 64 and 17.76 / 15.49 at 128 (cause not measured).
 # Push calls with the CUDA kernel move their finished rows by a flag-in-data protocol when they fit (no fence,
@@ -81,7 +82,7 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 # "cuda_ll_max_bytes": LL - 16-byte lines {data, flag, data, flag}, half the bytes are flags. Off: SN was
 #   faster at every T it was measured at (LL / SN 3.45 / 3.30 at T = 1, 4.23 / 4.00 at 8, 5.08 / 4.45 at 16).
 # "cuda_sn_max_bytes": SN, the sentinel push - every 8 output bytes travel as they are and replace a rest
-#   pattern in the peer's sentinel area, which the consumer puts back (csrc/query_lines.cuh): no flag bytes at
+#   pattern in the peer's sentinel area, which the consumer puts back (csrc/query/flag_in_data.cuh): no flag bytes at
 #   all. BF16: a 0xFFFF half (a NaN the input may carry) is sent as the canonical NaN 0x7FC0 - the one case
 #   where its bytes differ from the other exchanges'. Its area costs 2 * W * the bound in bytes (W = 2, 32
 #   heads, 256 tokens: 18.9 MB FP8, 37.7 MB BF16). SN at every T against LL <= 16 / LL12 <= 128 / fenced push:
@@ -91,7 +92,7 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 #   these defaults only an object with SN turned off uses it (FP8 up to 128 tokens, BF16 up to 48: where it
 #   beat LL, LL128 and the plain push, e.g. FP8 8.89 vs 11.02 / 11.15 / 11.45 at T = 64).
 # "cuda_ll128_max_bytes": LL128 - 128-byte lines of 15 data words + a flag word. Off: it costs a fixed ~6.4 us
-#   (6.43 vs 3.41 for LL at T = 1; cause not found, csrc/query_lines.cuh).
+#   (6.43 vs 3.41 for LL at T = 1; cause not found, csrc/query/flag_in_data.cuh).
 # "cuda_sn_programs_per_sm": the grid of an object that uses SN, blocks per SM (capped by how many fit at
 #   once: the interleaved FP8 kernel takes 64 registers, so 4; NeoX 100, so 2); other objects keep 2 (the LL /
 #   push kernels with 4 per SM vs 2: 8.17 vs 6.06 at T = 32, 10.49 vs 8.85 at 64).
@@ -102,7 +103,7 @@ DEFAULT_GPU_IMPL = os.environ.get("PEERDCP_QUERY_IMPL", "cuda")
 #   7.24 / 7.30 at 64, 10.89 / 11.35 at 128, 19.68 / 21.76 at 256.
 # "cuda_sn_units_per_block" / "cuda_sn_min_blocks_per_sm": an SN call launches ceil(T * H / 2) blocks, but at
 #   least min(T * H, one per SM), not the object's whole grid (sized for 256 tokens: 4 per SM); the object's
-#   call counters still count every call (csrc/query_common.cuh, enter_call). Whole grid / one unit per
+#   call counters still count every call (csrc/query/params.cuh, enter_call). Whole grid / one unit per
 #   block / two: 3.38 / 3.32 / 3.48 at T = 1, 4.09 / 3.94 / 3.83 at 8, 5.43 / 5.44 / 5.43 at 32: fewer, fuller
 #   blocks pay at T = 4-24, a block per unit at T <= 2, the whole grid from 32 tokens on (which this rule
 #   reaches there). 0: the whole grid at every T.
@@ -178,7 +179,7 @@ def copy_mode(
     return {"raw": K.MODE_RAW, "roped": K.MODE_ROPED}[exchange]
 
 
-class QueryGather:
+class QueryGather(Collective):
     """Gather every rank's query heads of a DCP group, apply RoPE and convert, in one fused kernel.
 
     Args:
@@ -198,7 +199,7 @@ class QueryGather:
             GPU it waits as NCCL does: a missing peer there ends in the process group's own timeout and error.
         pad_heads_to: None, 64 or 128: zero-pad the widened heads to this count (FlashMLA's sparse decode
             takes 64 or 128 heads); must be >= W * H.
-        impl: kernel: direct ``"cuda"`` (csrc/query_direct.cu) or ``"triton"``; allgather ``"triton"``
+        impl: kernel: direct ``"cuda"`` (csrc/query/direct.cu) or ``"triton"``; allgather ``"triton"``
             (fused) or ``"torch"`` (the plain reference ops); ``"auto"`` picks the fastest available (on a
             GPU the CUDA kernel; the Triton direct kernel where it cannot be built, and under the interpreter).
         exchange: direct backend, what the peers read: ``"raw"`` (the un-rotated bf16 shard; consumers
@@ -572,44 +573,10 @@ class QueryGather:
         self._gathered = torch.empty(self.world_size * self.max_tokens * H * D, dtype=torch.bfloat16, device=dev)
         self._err = None
 
-    # --------------------------------------------------------------------------------- state
-    def check(self) -> None:
-        """Raise :class:`PeerTimeoutError` if a wait of an earlier call timed out (no synchronization: a
-        call still running on the GPU reports later). After it raised once, every call raises it."""
-        if self._failure is not None:
-            raise self._failure
-        if self._err is not None:
-            try:
-                self._err.raise_if_set()
-            except PeerTimeoutError as e:
-                self._failure = e
-                raise
-
-    def _ready(self) -> None:
-        if self._closed:
-            raise ValueError("QueryGather is closed")
-        self.check()
-
-    def close(self) -> None:
-        """Collective and idempotent: releases the exposed buffer (every rank must call it)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._buf is not None:
-            self._z_nope = self._z_pe = None
-            self._buf.close()
-            self._buf = None
+    # ------------------------------------------------------------------------------ lifetime
+    def _release(self) -> None:
+        self._z_nope = self._z_pe = None
         self._staging = self._gathered = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __enter__(self) -> QueryGather:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (
@@ -717,7 +684,7 @@ class QueryGather:
             ValueError / TypeError: bad input, before any launch or peer store.
             PeerTimeoutError: a wait of this or an earlier call timed out (see the module docstring).
         """
-        self._ready()
+        self._ready("gather")
         T = self._check_shard("q_nope", q_nope, self.nope_dim)
         T2 = self._check_shard("q_pe", q_pe, self.rope_dim)
         if T2 != T:
@@ -742,7 +709,7 @@ class QueryGather:
         The views alias the same memory every call (CUDA-graph friendly), and only until :meth:`close`: the
         memory under them is unmapped then, and a store through a kept view faults the process.
         """
-        self._ready()
+        self._ready("exposed_shard")
         if self.backend != "direct":
             raise ValueError(f"exposed_shard needs backend='direct', this object uses {self.backend!r}")
         if not is_int(num_tokens):
@@ -757,7 +724,7 @@ class QueryGather:
         self, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """:meth:`gather` of the shard written into the :meth:`exposed_shard` views (T = ``positions.shape[0]``)."""
-        self._ready()
+        self._ready("gather_exposed")
         if self.backend != "direct":
             raise ValueError(f"gather_exposed needs backend='direct', this object uses {self.backend!r}")
         if self._exposed_T is None:
@@ -913,7 +880,7 @@ class QueryGather:
         # The interpreter runs the kernel synchronously: report a timeout at once. On the GPU the host
         # never waits; the next call (or check()) reads the pinned error word.
         if not self._gpu:
-            self.check()
+            self._ready("gather")
 
     def _allgather(self, q_nope, q_pe, positions, cos_sin_cache, out, T) -> None:
         W, H, D = self.world_size, self.heads_per_rank, self.head_dim
@@ -965,7 +932,7 @@ class QueryGather:
 
 def _all_gather_into(dst: torch.Tensor, src: torch.Tensor, info, timeout_s: float) -> None:
     """``dst [W * numel(src)]`` <- every rank's ``src`` in rank order (NCCL on GPU, gloo on CPU: bounded by
-    ``timeout_s``, see :func:`~peerdcp._dist.bounded_collective`)."""
+    ``timeout_s``, see :func:`~peerdcp._runtime.groups.bounded_collective`)."""
     import torch.distributed as dist
 
     group = info.group if src.is_cuda else info.cpu_group

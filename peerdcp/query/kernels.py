@@ -43,7 +43,7 @@ Modes (constexpr MODE):
   (by its owner or a peer) finishes before any access of call e + 2, whichever modes the calls use.
 * ``MODE_PUSH_LL`` (CUDA kernel only, small calls): the push publish with NCCL's LL protocol - every 8
   output bytes travel with their flag in one 16-byte line into a separate LL area, and consumers poll the
-  lines instead of a ready flag (``csrc/query_direct.cu``); this Triton kernel never receives it.
+  lines instead of a ready flag (``csrc/query/direct.cu``); this Triton kernel never receives it.
 * ``MODE_PUSH_LL12`` (CUDA kernel only): ``MODE_PUSH_LL`` with lines of 12 data bytes and a 4-byte flag.
 * ``MODE_PUSH_SN`` (CUDA kernel only, FP8 output): ``MODE_PUSH_LL``'s publish with no flag at all - every 8
   output bytes replace a rest pattern in a separate sentinel area, and the consumer puts the pattern back.
@@ -80,7 +80,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernel_support import (
+from .._runtime.device import (
     cast_rne,
     error_word,
     fence_system,
@@ -112,10 +112,10 @@ MODE_RAW = 0
 MODE_ROPED = 1
 MODE_EXPOSED = 2
 MODE_PUSH = 3
-MODE_PUSH_LL = 4  # CUDA kernel only: push with flags inside the data (csrc/query_direct.cu), T <= the LL bound
-MODE_PUSH_LL128 = 5  # CUDA kernel only: push with NCCL's LL128 lines (csrc/query_lines.cuh), T <= the LL128 bound
-MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-byte line (csrc/query_lines.cuh)
-MODE_PUSH_SN = 7  # CUDA kernel only, FP8: the sentinel push, no flag bytes (csrc/query_lines.cuh)
+MODE_PUSH_LL = 4  # CUDA kernel only: push with flags inside the data (csrc/query/direct.cu), T <= the LL bound
+MODE_PUSH_LL128 = 5  # CUDA only: push with NCCL's LL128 lines (csrc/query/flag_in_data.cuh), T <= the LL128 bound
+MODE_PUSH_LL12 = 6  # CUDA kernel only: MODE_PUSH_LL with 12 data bytes per 16-byte line (csrc/query/flag_in_data.cuh)
+MODE_PUSH_SN = 7  # CUDA only, FP8: the sentinel push, no flag bytes (csrc/query/flag_in_data.cuh)
 MODE_PDL = 8  # CUDA kernel only: a bit added to the mode: launch with programmatic dependent launch
 MODE_EARLY = 16  # CUDA kernel only: a bit added to MODE_PUSH_LL / _SN: load the first inputs before the barrier
 MODE_WIDE = 32  # CUDA kernel only: a bit added to MODE_PUSH_SN (interleaved RoPE): 16-byte stores, pairs of words
@@ -235,7 +235,8 @@ def _slot_pointer(base, data_off, slot, slot_bytes):
     allocation is page aligned, ``data_off`` and ``slot_bytes`` are multiples of 256). Why the hint is needed, not
     only allowed: Triton 3.6 on sm_90 stores an FP8 row's RoPE part (a uint8 tile built by ``tl.join`` /
     ``tl.reshape`` in :func:`_rows_compute`) wrongly through a pointer of unknown alignment - bytes 0-1 of every 4
-    lost with rope_dim >= 128 (``scripts/diag/query_mismatch.py`` shows it) - while the same values stored
+    lost with rope_dim >= 128 (``scripts/diag/query_mismatch.py`` (in git history) shows it) - while the same values
+    stored
     through the 16-byte aligned ``out`` are right; with the hint both stores take the vectorized path."""
     return tl.multiple_of(base + data_off + slot * slot_bytes.to(tl.int64), 16)
 

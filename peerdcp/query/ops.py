@@ -1,7 +1,7 @@
-"""The CUDA C++ direct kernel (``csrc/query_direct.cu``) as ``torch.library`` custom ops.
+"""The CUDA C++ direct kernel (``csrc/query/direct.cu``) as ``torch.library`` custom ops.
 
 ``peerdcp::query_direct`` and ``peerdcp::query_wait_acks`` launch the C-ABI entry points (built at first
-use by :func:`peerdcp.jit.load`) on the current stream, so they are CUDA-graph capturable. Both
+use by :func:`peerdcp._runtime.jit.load`) on the current stream, so they are CUDA-graph capturable. Both
 mutate their state tensors in place and return nothing; their fake implementations do nothing (there is
 no output to shape). Peer memory, the error word and the remote flags are raw addresses: the ops'
 effects on them are invisible to torch by design.
@@ -9,7 +9,7 @@ effects on them are invisible to torch by design.
 :func:`query_direct` and :func:`query_wait_acks` go through the ops only under ``torch.compile``; eager calls
 (and CUDA-graph captures, which record the same launch) call the launch functions directly, as the Output
 reducer does: an eager gather takes 127-158 µs of host time through the op and 36-38 µs without it (T = 1,
-two H200s, ``scripts/diag/query_eager_profile.py``).
+two H200s, ``scripts/diag/query_eager_profile.py`` (in git history)).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import functools
 
 import torch
 
-from ..jit import load as load_jit
-from ..kernel_support import current_stream_handle
+from .._runtime.device import current_stream_handle
+from .._runtime.jit import load as load_jit
 
 __all__ = ["load", "query_direct", "query_wait_acks", "sn_blocks_per_sm"]
 
@@ -31,7 +31,7 @@ _i64, _i32, _vp, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_
 @functools.cache
 def load() -> ctypes.CDLL:
     """Build (once per source hash) and load ``libpeerdcp_query.so``; raises JitError without nvcc."""
-    lib = load_jit("peerdcp_query")  # flags in peerdcp.jit.LIBRARIES (no fast math, no FMA contraction)
+    lib = load_jit("peerdcp_query")  # flags in peerdcp._runtime.jit.LIBRARIES (no fast math, no FMA contraction)
     lib.peerdcp_query_direct.restype = ctypes.c_int
     lib.peerdcp_query_direct.argtypes = [
         _vp,
@@ -232,7 +232,7 @@ def query_direct(
     mech,
     blocks: int = 0,
 ) -> None:
-    """Launch one call of the CUDA direct kernel on the current stream (see ``csrc/query_direct.cu``).
+    """Launch one call of the CUDA direct kernel on the current stream (see ``csrc/query/direct.cu``).
 
     ``nprog`` is the object's grid (its call counters); ``blocks`` this launch's grid (0: ``nprog``), fewer only
     for the flag-free push modes (LL, LL12, LL128, SN)."""

@@ -1,4 +1,4 @@
-"""The word formats of the Query sentinel push (``csrc/query_lines.cuh``, ``query_common.cuh``), as plain Python:
+"""The word formats of the Query sentinel push (``csrc/query/flag_in_data.cuh``, ``query/params.cuh``), as plain Python:
 the spec the CUDA publish and poll rules implement, small enough to check exhaustively on the host
 (``tests/test_query_sentinel.py``).
 

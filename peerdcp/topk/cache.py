@@ -27,9 +27,10 @@ import warnings
 import torch
 import triton
 
-from .._checks import is_int, resolve_device
-from .._dist import agree_args, all_gather_object, resolve_group
-from ..kernel_support import num_sms, on_gpu
+from .._runtime.checks import is_int, resolve_device
+from .._runtime.device import num_sms, on_gpu
+from .._runtime.groups import agree_args, all_gather_object, resolve_group
+from .._runtime.lifecycle import Collective
 from . import ops
 from . import reference as ref
 from .kernels import _logits_kernel, _write_kernel
@@ -39,7 +40,7 @@ __all__ = ["IndexKCache", "indexer_logits", "LAYOUTS"]
 LAYOUTS = ("owner_sharded", "replicated")
 
 
-class IndexKCache:
+class IndexKCache(Collective):
     """FP8 index keys of the lightning indexer, in SGLang's page layout, on this rank.
 
     Args:
@@ -125,9 +126,8 @@ class IndexKCache:
         )
 
     # ------------------------------------------------------------------------------------- helpers
-    def _alive(self) -> torch.Tensor:
-        if self.storage is None:
-            raise ValueError("IndexKCache is closed")
+    def _alive(self, where: str = "storage") -> torch.Tensor:
+        self._ready(where)
         return self.storage
 
     def capacity_report(self) -> dict:
@@ -149,7 +149,7 @@ class IndexKCache:
     def deepgemm_view(self) -> torch.Tensor:
         """``uint8 [num_pages, page_size, 1, head_dim + 4]``: the shape DeepGEMM's paged MQA logits take
         (a shape only: the scales sit at ``page_base + page_size*head_dim``, as in SGLang)."""
-        return self._alive().view(self.num_pages, self.page_size, 1, self.head_dim + 4)
+        return self._alive("deepgemm_view").view(self.num_pages, self.page_size, 1, self.head_dim + 4)
 
     def local_rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(owned [N] bool, row [N] int64)``: whether this rank stores each logical slot, and where."""
@@ -196,7 +196,7 @@ class IndexKCache:
             k_fp8: ``[N, head_dim]`` float8_e4m3fn, rows contiguous.
             k_scale: ``[N]`` or ``[N, 1]`` fp32 per-token scales.
         """
-        store = self._alive()
+        store = self._alive("write")
         D = self.head_dim
         if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
             raise TypeError("IndexKCache.write: slots must be a 1-D int32/int64 tensor [N]")
@@ -238,7 +238,7 @@ class IndexKCache:
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Test helper (plain torch): ``(k_fp8 [N, D], k_scale [N], owned [N] bool)`` for logical slots;
         rows this rank does not store read as zeros / NaN."""
-        store = self._alive()
+        store = self._alive("read")
         P, D = self.page_size, self.head_dim
         own, row = self.local_rows(slots.to(self.device))
         page, off = row // P, row % P
@@ -249,19 +249,9 @@ class IndexKCache:
         return data, scales, own
 
     # ------------------------------------------------------------------------------------- lifetime
-    def check(self) -> None:
-        """Nothing here waits on a peer; raises ValueError only if the cache is closed."""
-        self._alive()
-
-    def close(self) -> None:
-        """Idempotent; frees the pages (no peer mapping, so no collective step is needed)."""
+    def _release(self) -> None:
+        # the pages only (no peer mapping: nothing here waits on a peer, so close needs no collective step)
         self.storage = None
-
-    def __enter__(self) -> IndexKCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (
@@ -276,7 +266,8 @@ _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUN
 
 
 # The scoring kernel's work split and backend. Figures: DeepSeek-V3.2 indexer (64 heads x 128, FP8) unless said,
-# us replicated / owner-sharded, 2 x H200 or a one-GPU emulation of W = 2 (scripts/diag/score_sweep.py; the
+# us replicated / owner-sharded, 2 x H200 or a one-GPU emulation of W = 2 (scripts/diag/score_sweep.py, in git
+# history; the
 # tables: bench/RESULTS.md, Top-K indexer scan).
 # "scan_group": pages per dot, the same for every call, so a token's score does not depend on the call's size
 # (owner-sharded and replicated scans agree bit for bit). 1 page per dot: 3.40 / 2.89 at 1 row x 32K, 46.7 / 27.4
@@ -303,7 +294,7 @@ _UNCAPPED: set[tuple] = set()  # (device index, BLOCK_H) where ptxas refused TUN
 # Uncapped at 7 per SM -> capped at 8: 2-5 % faster at 32-128 rows (32 x 32K 41.26 / 23.46 -> 40.62 / 22.49, 128 x
 # 32K 159.3 / 82.3 -> 155.9 / 79.5); the one loss 128 x 128K replicated 615.3 -> 625.3 (1.6 %); 1-8 rows within
 # 0.15 us.
-# "scan_backend": "triton" (_logits_kernel), "cuda" (csrc/topk_score.cu, warpgroup MMA with the keys as the register
+# "scan_backend": "triton" (_logits_kernel), "cuda" (csrc/topk/score.cu, warpgroup MMA with the keys as the register
 # operand; Hopper, 64-token pages of 128-byte keys, up to 64 heads, 16-byte aligned query rows, else the Triton kernel)
 # or "auto": the CUDA scan from "cuda_scan_min_rows" query rows on - (a head tile of 32: H <= 32, of 64), or one int for
 # both. The choice depends on the rows and heads only, never on the cache's layout or length, so an owner-sharded and a
@@ -448,7 +439,7 @@ def indexer_logits(
     """
     if not isinstance(cache, IndexKCache):
         raise TypeError(f"indexer_logits: cache must be an IndexKCache, got {type(cache).__name__}")
-    store = cache._alive()
+    store = cache._alive("indexer_logits")
     dev = cache.device
     if not isinstance(q_fp8, torch.Tensor) or q_fp8.dtype != torch.float8_e4m3fn or q_fp8.dim() != 3:
         raise TypeError("indexer_logits: q_fp8 must be a float8_e4m3fn tensor [T, H, D]")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernel_support import grid_dependency_sync, next_epoch, peer_pointer, signal_release, wait_equal
+from .._runtime.device import grid_dependency_sync, next_epoch, peer_pointer, signal_release, wait_equal
 
 __all__ = [
     "_write_kernel",

@@ -1,11 +1,11 @@
-"""The CUDA C++ Top-K kernels behind ctypes calls on the current stream: the merge (``csrc/topk_merge.cu``), the
-local candidate selection (``csrc/topk_select.cu``) and the indexer scan (``csrc/topk_score.cu``, its own sm_90a
+"""The CUDA C++ Top-K kernels behind ctypes calls on the current stream: the merge (``csrc/topk/merge.cu``), the
+local candidate selection (``csrc/topk/select.cu``) and the indexer scan (``csrc/topk/score.cu``, its own sm_90a
 library ``peerdcp_score``).
 
 The merge is local to a rank (it reads this rank's inbox and candidates, waits on this rank's flags), so a
 rank may use it or the Triton ``_merge_kernel`` independently of its peers: both place every key at the
 same position. Launched on the current stream, so it is CUDA-graph capturable. Built at first use by
-:func:`peerdcp.jit.load` (``$PEERDCP_CACHE``; ``python -m peerdcp.jit`` prebuilds it).
+:func:`peerdcp._runtime.jit.load` (``$PEERDCP_CACHE``; ``python -m peerdcp._runtime.jit`` prebuilds it).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import torch
 
-from .._checks import cuda_index
-from ..jit import load as load_jit
-from ..kernel_support import current_stream_handle, num_sms
+from .._runtime.checks import cuda_index
+from .._runtime.device import current_stream_handle, num_sms
+from .._runtime.jit import load as load_jit
 
 __all__ = [
     "TUNING",
@@ -57,9 +57,9 @@ TUNING = {
     "select_publish": True,
     "select_merge_pdl": "auto",
 }
-#: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk_select.cu: the portable cluster size)
+#: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk/select.cu: the portable cluster size)
 MAX_SELECT_CTAS = 8
-#: keys a selection CTA gathers in shared memory (``kBuf`` in csrc/topk_select.cu): rows of at most this many
+#: keys a selection CTA gathers in shared memory (``kBuf`` in csrc/topk/select.cu): rows of at most this many
 #: scores skip the threshold estimate
 SELECT_BUF = 4096
 #: scores a cluster must spare each of its CTAs (row length x (1 - 1/C)) before :func:`select_ctas` takes it
@@ -67,7 +67,7 @@ CLUSTER_MIN_SPARED = 8192
 #: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
 #: so past a few CTAs the shared placement work no longer pays for the repeated staging
 MAX_CTAS_PER_ROW = 4
-#: threads of a merge CTA (``kThreads`` in csrc/topk_merge.cu)
+#: threads of a merge CTA (``kThreads`` in csrc/topk/merge.cu)
 THREADS = 512
 
 _i64, _i32, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
@@ -172,7 +172,8 @@ def merge_pdl(
     one per SM after clustered selections (:func:`select_ctas` > 1), and by the SMs they fill
     (:func:`merge_ctas_per_sm` to an SM) after one-CTA selections.
 
-    Measured by one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, k = 2048;
+    Measured by one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, in git history;
+    k = 2048;
     bench/RESULTS.md, History): with PDL 0.3-1.1 µs faster inside the rule, up to 6 µs slower well past it.
     One-CTA rows (<= 8K scores) gain 0.4-0.7 µs up to 26 rows at W = 2 and 14 at W = 4 and not past: the rule's
     boundaries with merge CTAs two to an SM (counting one to an SM would stop at 14 and 7 rows). Clustered
@@ -278,7 +279,7 @@ def select_ctas(rows: int, device: int, length: int | None = None) -> int:
     (``length`` · (1 - 1/C)), else 1.
     One CTA of 1024 threads per row leaves the other SMs idle at few rows; a cluster of C splits the row's reads
     C ways, but its steps (the count and histogram exchanges, the funnel into CTA 0, which then sorts alone) cost
-    about as much as one CTA's gather of ~8K scores (``scripts/diag/select_ctas_sweep.py``,
+    about as much as one CTA's gather of ~8K scores (``scripts/diag/select_ctas_sweep.py`` (in git history),
     8-64 rows: at 8K scores one CTA 11.8-12.0 µs, clusters of 2 / 4 / 8 13.3-13.6 / 12.8-13.0 / 12.8; at 16K one CTA
     13.4-13.8, C = 2 13.6-14.0, C = 4 13.2-13.4, C = 8 12.95; at 32K every cluster faster). A smaller C spares fewer
     scores, so when the largest resident C does not pay, none does. Rows of at most :data:`SELECT_BUF` scores
@@ -356,7 +357,7 @@ def select(
 # ------------------------------------------------------------------------------------------- indexer scan
 #: the scan library's instances: the register budget as CTAs per SM the compiler must allow (1 = no budget)
 SCORE_MIN_CTAS = (1, 6)
-#: most pages per CTA of the CUDA scan (``kMaxPages`` in csrc/topk_score.cu)
+#: most pages per CTA of the CUDA scan (``kMaxPages`` in csrc/topk/score.cu)
 SCORE_MAX_PAGES = 64
 
 

@@ -28,7 +28,7 @@ so back-to-back calls and CUDA-graph replays need no host synchronization and no
 
 ``select()`` on a GPU (the CUDA selection and merge, ``ops.TUNING["select_publish"]``) runs step 1 inside the
 selection kernel: the CTA that stored row t's candidates publishes them right after (``publish_row`` in
-``csrc/topk_select.cu``; the -1 pre-fill is the Triton merge's only), one launch less. ``merge()`` called
+``csrc/topk/select.cu``; the -1 pre-fill is the Triton merge's only), one launch less. ``merge()`` called
 alone always launches the publish kernel. Both advance the same epochs, so the two paths mix freely.
 
 Publishing and waiting are separate kernels, so no program ever waits for work of its own GPU that is
@@ -52,10 +52,11 @@ import torch
 import torch.distributed as dist
 import triton
 
-from .._checks import cuda_index, is_int, resolve_device, timeout_problem
-from .._dist import agree_args, agree_or_release, all_gather_object, bounded_collective, resolve_group
+from .._runtime.checks import cuda_index, is_int, resolve_device, timeout_problem
+from .._runtime.device import ErrorWord, mechanism_code, on_gpu, spin_budget
+from .._runtime.groups import agree_args, agree_or_release, all_gather_object, bounded_collective, resolve_group
+from .._runtime.lifecycle import Collective
 from ..errors import PeerSetupError, PeerTimeoutError
-from ..kernel_support import ErrorWord, mechanism_code, on_gpu, spin_budget
 from ..memory import MEMORY_KINDS, allocate, choose_memory
 from . import ops
 from . import reference as ref
@@ -145,7 +146,7 @@ def _uses_cuda_select(device: torch.device, k: int, L: int) -> bool:
 def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last, publish=None) -> torch.Tensor:
     """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail.
 
-    On a GPU, ``csrc/topk_select.cu`` computes the keys from the scores and selects them in one kernel (radix
+    On a GPU, ``csrc/topk/select.cu`` computes the keys from the scores and selects them in one kernel (radix
     select + shared-memory sort; one CTA per row, or a cluster of up to 8 per row at few rows) for n = min(k, L)
     <= 2048; otherwise (and in the interpreter) the Triton ``_keys_kernel`` writes every key and ``torch.topk`` /
     ``torch.sort`` picks them. Same output. ``publish`` (an ``ops.Publish``; only where :func:`_uses_cuda_select`):
@@ -203,7 +204,7 @@ MERGE_IMPLS = ("auto", "cuda", "triton")
 
 def _choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> tuple[str, str]:
     """``(impl, why)`` for the merge kernel (``requested``: one of :data:`MERGE_IMPLS`, checked by the caller):
-    ``"cuda"`` (csrc/topk_merge.cu, the lists of a row staged in shared memory) on a GPU when it builds and
+    ``"cuda"`` (csrc/topk/merge.cu, the lists of a row staged in shared memory) on a GPU when it builds and
     ``W * k`` keys fit one CTA's shared memory, else ``"triton"`` (the interpreter path and twin).
     ``requested="cuda"`` that cannot be met raises ValueError."""
     if requested == "triton":
@@ -219,7 +220,7 @@ def _choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> 
         except Exception as e:  # noqa: BLE001 - no nvcc / build failure: say so, use Triton
             why = f"CUDA merge kernel unavailable ({type(e).__name__}: {e})"
     if why is None:
-        return "cuda", "cuda merge (csrc/topk_merge.cu)"
+        return "cuda", "cuda merge (csrc/topk/merge.cu)"
     if requested == "cuda":
         raise ValueError(f"TopK: merge_impl='cuda' is not available: {why}")
     return "triton", f"triton merge: {why}"
@@ -305,7 +306,7 @@ def canonical_topk(
     return out
 
 
-class TopK:
+class TopK(Collective):
     """Exact canonical global top-k over tokens sharded across a DCP group.
 
     Args:
@@ -395,9 +396,6 @@ class TopK:
         self.max_rows, self.topk, self.interleave = max_rows, topk, interleave
         self.timeout_s = float(timeout_s)
         self.device = dev
-        self._buf = None
-        self._error: PeerTimeoutError | None = None
-        self._closed = False
         kind = None
         if backend == "allgather":
             why = "allgather requested"
@@ -428,24 +426,6 @@ class TopK:
         except Exception as e:  # noqa: BLE001 - (out of device / pinned memory on this rank: agreed below)
             local_err = e
         agree_or_release(info, local_err, "TopK set-up", self._buf)  # (allgather too: its calls are collective)
-
-    # ------------------------------------------------------------------------------------ state
-    def _ready(self, where: str) -> None:
-        if self._closed:
-            raise ValueError(f"TopK.{where}: the object is closed")
-        if self._error is not None:
-            raise self._error
-        try:
-            self._err.raise_if_set()
-        except PeerTimeoutError as e:
-            self._error = e
-            raise
-
-    def check(self) -> None:
-        """Raise ``PeerTimeoutError`` if a wait of an earlier call timed out (synchronizes the device)."""
-        if self.device.type == "cuda" and not self._closed:
-            torch.cuda.current_stream(self.device).synchronize()
-        self._ready("check")
 
     # ----------------------------------------------------------------------------------- stages
     def local_candidates(
@@ -638,7 +618,7 @@ class TopK:
                     mechanism="topk",
                 )
             except PeerTimeoutError as e:
-                self._error = e
+                self._failure = e
                 raise
         _merge_lists(out, gathered.view(W, T, K), W, K, self.merge_impl)
 
@@ -687,7 +667,7 @@ class TopK:
             ``rows [T, topk]`` int32: local rows of the owned ids, in selection order, compacted to the
             front, -1 tail; ``counts [T]`` int32 (usable as FlashMLA's ``topk_length``).
         """
-        if self._closed:
+        if self._closed:  # (no peer waits here: a recorded timeout does not stop a local lookup)
             raise ValueError("TopK.owned: the object is closed")
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int32:
             raise TypeError("TopK.owned: ids must be an int32 tensor [T, topk]")
@@ -714,24 +694,6 @@ class TopK:
                 num_warps=8 if self.device.type == "cuda" and K >= 1024 else 4,
             )
         return rows, counts
-
-    # --------------------------------------------------------------------------------- lifetime
-    def close(self) -> None:
-        """Collective and idempotent: every rank must call it. Releases the peer memory."""
-        if self._closed:
-            return
-        self._closed = True
-        buf, self._buf = self._buf, None
-        if buf is not None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            buf.close()
-
-    def __enter__(self) -> TopK:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -87,15 +87,15 @@ K = "peerdcp/topk/kernels.py"
 S = "peerdcp/topk/selector.py"
 O = "peerdcp/output/kernels.py"
 Q = "peerdcp/query/kernels.py"
-KS = "peerdcp/kernel_support.py"
+KS = "peerdcp/_runtime/device.py"
 SENT = "peerdcp/output/sentinel.py"
-MRG = "csrc/topk_merge.cu"
-SC = "csrc/topk_score.cu"
+MRG = "csrc/topk/merge.cu"
+SC = "csrc/topk/score.cu"
 MT = "tests/test_topk_merge_gpu.py::test_cuda_merge_matches_topk_for_every_cta_count"
 ONE = "tests/test_topk_local_gpu.py::test_gpu_scan_against_reference_on_one_rank"
 TG = "tests/test_topk_gpu.py::"
-OD = "csrc/output_direct.cu"
-QD = "csrc/query_direct.cu"
+OD = "csrc/output/direct.cu"
+QD = "csrc/query/direct.cu"
 OG = "tests/test_output_gpu.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -344,7 +344,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.query.one_slot",
-        "csrc/query_direct.cu",
+        "csrc/query/direct.cu",
         "const int slot = MODE == kExposed ? kSlotZ : par;",
         "const int slot = MODE == kExposed ? kSlotZ : 0;",
         (QG + "test_gpu_back_to_back_eager[cuda]",),
@@ -352,7 +352,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.output.one_slot",
-        "csrc/output_direct.cu",
+        "csrc/output/direct.cu",
         "  const int slot = static_cast<int>(e & 1);\n  const int64_t fv = call_flag(e, p.T);",
         "  const int slot = 0;\n  const int64_t fv = call_flag(e, p.T);",
         (
@@ -406,7 +406,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- CUDA local candidate selection (one GPU)
     Mutant(
         "cuda.select.key.negzero",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "  if ((bits & 0x7fffffffu) == 0) bits = 0;                // -0 == +0\n",
         "",
         ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[ties-T3-L3000-k2048-W2r1I64]",),
@@ -416,7 +416,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.gather.tie_id_flipped",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "if (v[e] == lo_f && row.id_part(row_of<VEC>(base, e)) >= lo_id) take |= 1u << e;",
         "if (v[e] == lo_f && row.id_part(row_of<VEC>(base, e)) <= lo_id) take |= 1u << e;",
         ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[equal-T2-L40000-k2048-W2r0I1]",),
@@ -426,7 +426,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.gid.rank_not_interleaved",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) * I + l % I;",
         "static_cast<int64_t>(l / I) * W * I + static_cast<int64_t>(rank) + l % I;",
         (
@@ -438,7 +438,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.radix.hist_counts_warp",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));",
         "if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(act));",
         (
@@ -452,7 +452,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.bucket.rank_skips_first_slot",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "for (int q = start[bk]; q < e; ++q) rank +=",
         "for (int q = start[bk] + 1; q < e; ++q) rank +=",
         (
@@ -465,7 +465,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.sort.no_register_swap_32",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "o[r] = j >= 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);",
         "o[r] = j > 32 ? v[r ^ (j >> 5)] : __shfl_xor_sync(0xffffffffu, v[r], j);",
         (
@@ -479,7 +479,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.funnel.offset_skips_cta0",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "for (int r = 0; r < c; ++r) off += sh.counts[r];",
         "for (int r = 1; r < c; ++r) off += sh.counts[r];",
         (
@@ -492,7 +492,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.pad.skips_first",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "for (int i = last + 1 + tid; i < n; i += kThreads) out[i] = -1;",
         "for (int i = last + 2 + tid; i < n; i += kThreads) out[i] = -1;",
         (
@@ -505,7 +505,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.forced.last_window",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "if (g < ff || g >= L - fl) bits = 0x7f800000u;",
         "if (g < ff || g > L - fl) bits = 0x7f800000u;",
         ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T5-L4097-k2048-W1r0I1]",),
@@ -514,7 +514,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.nloc.no_lmax_clamp",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "const int nloc = static_cast<int>(nl < a.Lmax ? nl : a.Lmax);",
         "const int nloc = static_cast<int>(nl);",
         (SEL_NEW + "[1-2048]", SEL_NEW + "[8-2048]"),
@@ -524,7 +524,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.bucket.no_overflow_guard",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) overflow = 1;",
         "if (h[e] > (2 * tid + e == 0 ? kMaxTopBucket : kMaxBucket)) overflow = 0;",
         ("tests/test_topk_local_gpu.py::test_gpu_local_candidates_match_reference[normal-T2-L20000-k2048-W1r0I1]",),
@@ -535,7 +535,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.select.fallback.pad",
-        "csrc/topk_select.cu",
+        "csrc/topk/select.cu",
         "out[i] = i < valid ? buf[i] : -1;",
         "out[i] = i <= valid ? buf[i] : -1;",
         (SEL_NEW + "[1-2048]",),
@@ -545,7 +545,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "dist.agree.only_self",
-        "peerdcp/_dist.py",
+        "peerdcp/_runtime/groups.py",
         "    bad = [(r, m) for r, m in enumerate(msgs) if m is not None]\n    if bad:\n        detail",
         "    bad = [(r, m) for r, m in enumerate(msgs) if m is not None and r == info.rank]\n"
         "    if bad:\n        detail",
@@ -553,21 +553,21 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "dist.agree_or_release.no_close",
-        "peerdcp/_dist.py",
+        "peerdcp/_runtime/groups.py",
         "            if buf is not None:\n                buf.close()",
         "            if buf is not None:\n                pass",
         (MEM + "test_failure_after_the_allocation_on_one_rank_is_agreed",),
     ),
     Mutant(
         "dist.collective.unbounded",
-        "peerdcp/_dist.py",
+        "peerdcp/_runtime/groups.py",
         "work.wait(timeout=timedelta(seconds=timeout_s))",
         "work.wait()",
         (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-query]",),
     ),
     Mutant(
         "dist.collective.any_error_is_timeout",
-        "peerdcp/_dist.py",
+        "peerdcp/_runtime/groups.py",
         "if work.is_completed() or time.monotonic() - start < timeout_s:",
         "if False:",
         (COLL + "test_peer_gone_raises_torch_error_at_once",),
@@ -787,7 +787,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.query.pos.high_not_clamped",
-        "csrc/query_common.cuh",
+        "csrc/query/params.cuh",
         "pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);",
         "pp = pp < 0 ? 0 : pp;",
         (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
@@ -797,7 +797,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.query.pos.low_not_clamped",
-        "csrc/query_common.cuh",
+        "csrc/query/params.cuh",
         "pp = pp < 0 ? 0 : (pp >= a.max_pos ? a.max_pos - 1 : pp);",
         "pp = pp >= a.max_pos ? a.max_pos - 1 : pp;",
         (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
@@ -806,7 +806,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "cuda.query.pos.unstaged_not_clamped",
-        "csrc/query_common.cuh",
+        "csrc/query/params.cuh",
         "p = p < 0 ? 0 : (p >= a.max_pos ? a.max_pos - 1 : p);",
         "p = p < 0 ? 0 : p;",
         (QG + "test_gpu_byte_identical_cuda_paths[vmm]",),
@@ -853,7 +853,7 @@ def _run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[str, f
 
 _BUILD = """
 import sys
-from peerdcp import jit
+from peerdcp._runtime import jit
 mutated = sys.argv[1]
 for name, (sources, flags) in jit.LIBRARIES.items():
     if mutated.endswith(".cuh") or mutated in sources:

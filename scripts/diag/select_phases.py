@@ -48,8 +48,9 @@ def main() -> int:
     a = ap.parse_args()
     if "-DPEERDCP_SELECT_TRACE" not in os.environ.get("PEERDCP_NVCC_EXTRA", ""):
         raise SystemExit("set PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE")
-    from peerdcp.topk import ops
     from scripts.diag.select_dist import scores
+
+    from peerdcp.topk import ops
 
     lib = ops.load()
     lib.peerdcp_topk_select_trace.argtypes = [ctypes.c_void_p]

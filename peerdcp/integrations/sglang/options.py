@@ -206,7 +206,7 @@ def default_max_tokens() -> int:
 
 def env_problems(env: Mapping[str, str] | None = None) -> list[str]:
     """What is wrong with the ``PEERDCP_SGLANG_TIMEOUT_S`` / ``PEERDCP_SGLANG_MAX_TOKENS`` values (unset: fine)."""
-    from ..._checks import timeout_problem
+    from ..._runtime.checks import timeout_problem
 
     env = os.environ if env is None else env
     out = []

@@ -71,7 +71,7 @@ def _seed_gloo_twin(device_group: Any, cpu_group: Any) -> None:
     if cpu_group is None or device_group is cpu_group:
         return
     try:
-        from peerdcp import _dist
+        from peerdcp._runtime import groups as _dist
 
         _dist.register_cpu_group(device_group, cpu_group)
     except Exception:  # noqa: BLE001 - an optimisation only

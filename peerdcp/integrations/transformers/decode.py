@@ -1,6 +1,6 @@
 """The rank side of ``peerdcp generate``: one model decoded with DCP beside the same model unsharded.
 
-Run on every rank of a :class:`peerdcp.launch.RankPool` (state lives in the worker between phases, so the driver
+Run on every rank of a :class:`peerdcp.harness.launch.RankPool` (state lives in the worker between phases, so the driver
 can show progress per phase)::
 
     setup            the model (tiny random config of a family, or a config.json [+ safetensors]), seeded alike on

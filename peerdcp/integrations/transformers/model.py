@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..._dist import resolve_group
+from ..._runtime.groups import resolve_group
 from .cache import ShardedLatentCache
 from .checks import Faults, MechanismChecks
 from .mla import index_rope_style, mla_rope_style

@@ -47,7 +47,7 @@ def _sync() -> None:
 
 
 def _rope_table(g: Geometry, device: torch.device) -> torch.Tensor:
-    from .query.rope import PRESETS, YarnParams, cos_sin_cache
+    from ..query.rope import PRESETS, YarnParams, cos_sin_cache
 
     if g.rope.startswith("plain:"):
         p = YarnParams(theta=float(g.rope.split(":")[1]), rope_dim=g.rope_dim, max_pos=g.max_positions)
@@ -58,8 +58,8 @@ def _rope_table(g: Geometry, device: torch.device) -> torch.Tensor:
 
 def setup(geom: dict, rows: int, context: int, backends: dict, memory: str, seed: int, fault: str) -> dict:
     """Create the peerdcp objects (collective, before any capture) and remember the configuration."""
-    from .output import OutputReducer
-    from .query import QueryGather
+    from ..output import OutputReducer
+    from ..query import QueryGather
 
     g = Geometry(**geom)
     W, r = dist.get_world_size(), dist.get_rank()
@@ -84,7 +84,7 @@ def setup(geom: dict, rows: int, context: int, backends: dict, memory: str, seed
         "output": {"backend": red.backend, "memory": red.memory, "reason": red.reason},
     }
     if g.dsa:
-        from .topk import IndexKCache, TopK
+        from ..topk import IndexKCache, TopK
 
         tk = TopK(None, max_rows=rows, topk=g.topk, backend=backends["topk"], memory=mem, timeout_s=30.0)
         cache = IndexKCache(None, capacity_tokens=rows * _stride(context, W), head_dim=g.index_dim,
@@ -108,7 +108,7 @@ def _stride(context: int, W: int) -> int:
 def _index_logits(cache, *, write: bool) -> torch.Tensor:
     """Indexer scores of every row against ``cache`` (one sequence per row, at slot ``t * _stride``);
     ``write`` first stores the whole random key history (the cache keeps what its layout owns)."""
-    from .topk import indexer_logits
+    from ..topk import indexer_logits
 
     g, W, T, L, dev = (_S[k] for k in ("g", "W", "T", "L", "dev"))
     if _stride(1, W) % cache.seq_align:
@@ -144,7 +144,7 @@ def generate() -> dict:
     k_pe = randn(T, L, g.rope_dim)
     _S.update(x=x, wq=wq, lens=lens.to(dev), positions=positions, c_kv=c_kv, k_pe=k_pe, cos_sin=_rope_table(g, dev))
     if g.dsa:
-        from .query.reference import quantize_fp8
+        from ..query.reference import quantize_fp8
 
         qi = torch.randn(T, g.index_heads, g.index_dim, generator=gen, device=dev)
         _S["q_idx"] = quantize_fp8(qi * 40)  # FP8 indexer query, spread over the e4m3 range
@@ -205,7 +205,7 @@ def forward() -> dict:
 
 def check() -> dict:
     """The same step unsharded (fp32 math), compared with the sharded result."""
-    from .query.reference import widened_query
+    from ..query.reference import widened_query
 
     g, W, r, H, T = (_S[k] for k in ("g", "W", "r", "H", "T"))
     shards = [_shard_of(s) for s in range(W)]
@@ -218,7 +218,7 @@ def check() -> dict:
     res: dict[str, Any] = {"query_ok": bool(same), "query_max_abs": float(q_diff.max())}
     L = _S["L"]
     if g.dsa:
-        from .topk.selector import canonical_topk
+        from ..topk.selector import canonical_topk
 
         full = _index_logits(_S["rep"], write=True)
         ids_ref = canonical_topk(full, _S["lens"], g.topk)
@@ -248,7 +248,7 @@ def check() -> dict:
 def _merge_outside() -> int:
     """Elements of this rank's merged output outside ``dcp_reduce_bounds`` of every rank's partial (all-gathered
     over the default group's CPU path): the Output exchange checked on its own, at the fp32 error model."""
-    from .output.reference import dcp_reduce_bounds, outside_bounds
+    from ..output.reference import dcp_reduce_bounds, outside_bounds
 
     W, r = _S["W"], _S["r"]
     part, lse = _S["part"].cpu().contiguous(), _S["lse"].cpu().contiguous()
@@ -278,8 +278,8 @@ def _shard_of(s: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def timings(reps: int) -> dict:
     """Per-mechanism time of the chosen backend against its collective baseline, in the same process."""
-    from .output import OutputReducer
-    from .query import QueryGather
+    from ..output import OutputReducer
+    from ..query import QueryGather
 
     g, W, H, T, dev = (_S[k] for k in ("g", "W", "H", "T", "dev"))
     q_nope, q_pe = _shard_of(_S["r"])
@@ -295,7 +295,7 @@ def timings(reps: int) -> dict:
     }  # fmt: skip
     objs = [qg_base, red_base]
     if g.dsa:
-        from .topk import TopK
+        from ..topk import TopK
 
         tk_base = TopK(None, max_rows=T, topk=g.topk, backend="allgather", device=dev)
         objs.append(tk_base)

@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from ..memory.probe import SHARED_GPU_ENV, ranks_share_gpus
 from .geometry import GEOMETRIES, get_geometry
-from .memory.probe import SHARED_GPU_ENV, ranks_share_gpus
 
 __all__ = ["add_run_arguments", "main_run"]
 

@@ -1,8 +1,8 @@
-// Output/LSE CUDA kernels (see output_direct.cu), part 4: the sentinel kernel (the default above the LL range):
+// Output/LSE CUDA kernels (see output/direct.cu), part 4: the sentinel kernel (the default above the LL range):
 // the payload needs no flag at all, because a slot at rest holds a bit pattern no published word has.
 #pragma once
 
-#include "output_common.cuh"
+#include "params.cuh"
 
 namespace {
 
@@ -81,7 +81,7 @@ struct SnPubRound {
 };
 
 // The index divisions of this kernel stay runtime divisions on purpose: through FastDiv (as in the LL kernel and
-// the shared helpers, output_common.cuh) the kernel measured the same at T = 16 but 15-20 % slower at T >= 64,
+// the shared helpers, output/params.cuh) the kernel measured the same at T = 16 but 15-20 % slower at T >= 64,
 // where the publishers are split from the combiners (Kimi T = 128 11.2 vs 9.6 us, T = 256 19.3 vs 16.3; A/B in
 // separate processes, the record in bench/RESULTS.md's History). Not understood; the split's optimum is sharp
 // (sn_run) and the change moves the publishers' instruction timing.

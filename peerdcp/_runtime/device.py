@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import cuda_index
-from .errors import MECHANISMS, PeerTimeoutError
+from ..errors import MECHANISMS, PeerTimeoutError
+from .checks import cuda_index
 
 __all__ = [
     "INTERPRET",
@@ -340,8 +340,12 @@ class ErrorWord:
     def reset(self) -> None:
         self.tensor.zero_()
 
+    def error(self) -> PeerTimeoutError:
+        """The timeout the words report (call only when word 0 is set)."""
+        rank, peer, mech, epoch = (int(x) for x in self.words[1:5])
+        name = MECHANISMS[mech - 1] if 1 <= mech <= len(MECHANISMS) else f"mechanism {mech}"
+        return PeerTimeoutError(rank, peer, name, epoch, self.timeout_s)
+
     def raise_if_set(self) -> None:
         if self.words[0] != 0:
-            rank, peer, mech, epoch = (int(x) for x in self.words[1:5])
-            name = MECHANISMS[mech - 1] if 1 <= mech <= len(MECHANISMS) else f"mechanism {mech}"
-            raise PeerTimeoutError(rank, peer, name, epoch, self.timeout_s)
+            raise self.error()

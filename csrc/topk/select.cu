@@ -47,7 +47,7 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "peer_memory.cuh"
 
 namespace {
 
@@ -954,7 +954,7 @@ __device__ __noinline__ void publish_row(const int64_t* peers, int64_t* state, i
       if (d != rank)
         reinterpret_cast<int64_t*>(peers[d])[inbox + ((slot * W + rank) * max_rows + t) * K + i] = v;
   }
-  __syncthreads();  // every thread's inbox stores before the flags' release (common.cuh: st_release_sys)
+  __syncthreads();  // every thread's inbox stores before the flags' release (peer_memory.cuh: st_release_sys)
   if (tid < W && tid != rank)
     peerdcp::st_release_sys(reinterpret_cast<int64_t*>(peers[tid]) + (slot * W + rank) * max_rows + t, e);
 }

@@ -1,4 +1,4 @@
-// Query gather CUDA kernels (see query_direct.cu), part 1: the parameter block, memory primitives, row
+// Query gather CUDA kernels (see query/direct.cu), part 1: the parameter block, memory primitives, row
 // numerics (bf16 -> fp32 -> e4m3 / bf16, RoPE; every product and sum a separate IEEE fp32 operation) and the
 // kernel prologue every kernel of the library shares.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "peer_memory.cuh"
 
 namespace {
 
@@ -19,13 +19,13 @@ constexpr int kUnroll = 4;
 constexpr int kMaxTok = 8;     // cos/sin rows cached in shared memory per block
 constexpr int kMaxRope = 256;  // rope dims the shared cache holds
 constexpr int kRaw = 0, kRoped = 1, kExposed = 2, kPush = 3, kPushLL = 4, kPushLL128 = 5, kPushLL12 = 6;
-constexpr int kPushSN = 7;  // the sentinel push (query_lines.cuh)
+constexpr int kPushSN = 7;  // the sentinel push (query/flag_in_data.cuh)
 constexpr int kPushSN16 = 64 + kPushSN;  // its 16-byte-store kernel: a template value (the ABI: kPushSN | kModeWide)
 constexpr int kSlotZ = 2;
 // Where a publish also writes each converted row: nowhere, our own slot (ROPED), our region of every
 // peer's slot (PUSH), our region of every peer's LL area (PUSH_LL) or sentinel area (PUSH_SN).
 constexpr int kPubNone = 0, kPubOwn = 1, kPubPeers = 2, kPubPeersLL = 3, kPubPeersSN = 4;
-constexpr int kModePdl = 8;     // `mode` bit: launch with programmatic dependent launch (query_direct.cu)
+constexpr int kModePdl = 8;     // `mode` bit: launch with programmatic dependent launch (query/direct.cu)
 constexpr int kModeEarly = 16;  // `mode` bit: PUSH_LL / PUSH_SN load their first round of inputs before the barrier
 constexpr int kModeWide = 32;   // `mode` bit: PUSH_SN (interleaved RoPE) publishes pairs of words, 16-byte stores
 constexpr int kModeBits = kModePdl | kModeEarly | kModeWide;
@@ -34,7 +34,7 @@ struct Peers {
   uint64_t base[kMaxW];
 };
 
-using peerdcp::FastDiv;  // index division by the call's fixed divisors (common.cuh)
+using peerdcp::FastDiv;  // index division by the call's fixed divisors (peer_memory.cuh)
 
 struct Params {
   const uint16_t* q_nope;  // bf16 [T, H, NOPE], strides s_nt, s_nh (elements)

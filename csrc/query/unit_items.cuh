@@ -1,9 +1,9 @@
-// Query gather CUDA kernels (see query_direct.cu), part 2: the unit-item path of the raw, roped, fenced push
+// Query gather CUDA kernels (see query/direct.cu), part 2: the unit-item path of the raw, roped, fenced push
 // and exposed exchanges - a work item is one 16-byte vector of a (token, head) row, loaded, rotated /
 // converted and stored into the output and the publish rows - and the consumers' copy of finished rows.
 #pragma once
 
-#include "query_common.cuh"
+#include "params.cuh"
 
 namespace {
 
@@ -99,7 +99,7 @@ __device__ __forceinline__ void put(const Params& a, void* d1, int64_t row_off, 
       if constexpr (osize == 2) peerdcp::st_volatile_v4(d + 1, v.z, pub.f, v.w, pub.f);
     }
   }
-  if constexpr (PUB == kPubPeersSN) {  // single-copy-atomic 8-byte words off the rest state (query_lines.cuh)
+  if constexpr (PUB == kPubPeersSN) {  // single-copy-atomic 8-byte words off the rest state (query/flag_in_data.cuh)
     const int64_t mine = sn_region(a, pub.slot, a.rank, osize) + row_off + off;
     if constexpr (osize == 1) {  // 8 FP8 codes: one word
       const uint64_t w = sn_word(v);

@@ -26,7 +26,7 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "peer_memory.cuh"
 
 namespace {
 

@@ -18,14 +18,14 @@ import time
 
 import torch
 
-from .memory.probe import SHARED_GPU_ENV, ranks_share_gpus
+from ..memory.probe import SHARED_GPU_ENV, ranks_share_gpus
 from .run import _positive_int, _progress, _short
 
 __all__ = ["add_generate_arguments", "main_generate"]
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    from .integrations.transformers.configs import FAMILY_NAMES
+    from ..integrations.transformers.configs import FAMILY_NAMES
 
     p.add_argument("--family", default="deepseek-v3.2", choices=sorted(FAMILY_NAMES), help="model family")
     p.add_argument(
@@ -82,8 +82,8 @@ def _overrides(items: list[str]) -> dict:
 
 
 def main_generate(args: argparse.Namespace) -> int:
-    from .integrations.transformers import check_transformers, checks, decode
-    from .integrations.transformers.verdict import verdict
+    from ..integrations.transformers import check_transformers, checks, decode
+    from ..integrations.transformers.verdict import verdict
     from .launch import RankPool
 
     try:

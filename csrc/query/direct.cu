@@ -27,7 +27,7 @@
 //
 // PUSH_LL12 (mode 6): PUSH_LL with lines {3 data words, flag}, 3/4 data.
 // PUSH_SN (mode 7): PUSH_LL's work split with no flag at all - each 8-byte word replaces a rest
-// pattern in the peer's sentinel area and the consumer restores it (query_lines.cuh).
+// pattern in the peer's sentinel area and the consumer restores it (query/flag_in_data.cuh).
 // PUSH_LL128 (mode 5; query_push_ll128_kernel): lines of 128 bytes, 15 data words and a flag word.
 // PUSH_SN16 (PUSH_SN | kModeWide, interleaved RoPE): PUSH_SN with one 16-byte store per pair of words.
 // The host picks among LL, SN, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
@@ -48,17 +48,17 @@
 //
 // Integer arithmetic on the latency path: a call at small T is a chain of dependent instructions more than of
 // memory latencies, and a division by a runtime int is ~20 of them. Every index division by a per-call divisor
-// (heads, rope dims, items per unit, words per row) goes through FastDiv (common.cuh; the host computes
+// (heads, rope dims, items per unit, words per row) goes through FastDiv (peer_memory.cuh; the host computes
 // the multipliers in the C entry), the source rank of a consumer item is found by subtraction (peer_of), and
 // units per block come from the host (Params.upp). Measured: 0.3 us less per call at every T.
 //
-// Files: query_common.cuh (parameter block, memory primitives, row numerics, kernel prologue),
-// query_rows.cuh (the unit-item path: raw / roped / fenced push / exposed publish and the consumers' copy),
-// query_lines.cuh (the flag-in-data protocols LL, LL12 and LL128), and here the main kernel, the zero-copy
+// Files: query/params.cuh (parameter block, memory primitives, row numerics, kernel prologue),
+// query/unit_items.cuh (the unit-item path: raw / roped / fenced push / exposed publish and the consumers' copy),
+// query/flag_in_data.cuh (the flag-in-data protocols LL, LL12 and LL128), and here the main kernel, the zero-copy
 // ack wait and the C entry points.
-#include "query_common.cuh"
-#include "query_lines.cuh"
-#include "query_rows.cuh"
+#include "params.cuh"
+#include "flag_in_data.cuh"
+#include "unit_items.cuh"
 
 namespace {
 

@@ -1,12 +1,12 @@
-// Query gather CUDA kernels (see query_direct.cu), part 3: the flag-in-data push protocols, where every
+// Query gather CUDA kernels (see query/direct.cu), part 3: the flag-in-data push protocols, where every
 // line of finished rows carries the call's flag (no fence, no ready flag) - LL (consume; its publish is
 // the unit-item path's kPubPeersLL store), the sentinel push SN (no flag at all: the data replaces a rest
 // pattern; consume, its publish is the kPubPeersSN store; SN16 publish and consume), LL12 (publish and consume
 // of 8-byte output words in triples) and LL128 (its own kernel).
 #pragma once
 
-#include "query_common.cuh"
-#include "query_rows.cuh"  // the SN16 publish goes through the unit-item path's loads and conversion
+#include "params.cuh"
+#include "unit_items.cuh"  // the SN16 publish goes through the unit-item path's loads and conversion
 
 namespace {
 
@@ -199,7 +199,7 @@ __device__ __forceinline__ int64_t out_word_off(const Params& a, int s, int64_t 
 // host fills it before any peer can publish); a consumer takes a word once it differs from kSnRest, copies
 // it out and puts kSnRest back, so the area is at rest again after every call (no flag, no epoch in the data).
 //
-// Slot reuse: two parity areas, as LL (query_direct.cu): a rank writes a peer's parity area k in call e + 2
+// Slot reuse: two parity areas, as LL (query/direct.cu): a rank writes a peer's parity area k in call e + 2
 // only after its own call e + 1 finished, which needed words of that peer's call e + 1, issued after the
 // peer's call e - whose consumers read area k and restored it - completed (stream order: the restores are
 // performed before the peer's next kernel starts). A word is restored only after its new value was seen, so a
@@ -285,7 +285,7 @@ __device__ void publish_sn16(const Params& a, const CosSin& cs, int u0, int u1, 
 // {3 data words, flag} (st.volatile.v4) instead of LL's {data, flag, data, flag}: 3/4 of the line is data
 // (LL: 1/2). A thread converts 3 consecutive 8-byte output words (24 bytes: two lines) of a source's rows and
 // the consumer takes the pair once both lines' flags match. Same area, flag, work split and two-parity
-// argument as LL (query_direct.cu); the rows of a unit hold a multiple of 3 words (the host checks D * osize % 24).
+// argument as LL (query/direct.cu); the rows of a unit hold a multiple of 3 words (the host checks D * osize % 24).
 //
 // ASSUMPTION (not in the PTX memory model, which makes only each 8-byte element of a vector access
 // single-copy atomic): an aligned 16-byte store of one thread is seen whole by an aligned 16-byte load. It is
@@ -391,7 +391,7 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
 // flags (LL: 1/2), and each line is copied out as soon as it is there.
 //
 // ASSUMPTION (not in the PTX memory model; NCCL's LL128 makes it and enables the protocol by default on
-// NVLink Hopper; csrc/output_direct.cu's LL128 kernel makes it too): a 128-byte-aligned line written by 8
+// NVLink Hopper; csrc/output/direct.cu's LL128 kernel makes it too): a 128-byte-aligned line written by 8
 // lanes of one warp store instruction is seen whole by a reader's 8-lane load of that line, never torn.
 // Every line store here is that one instruction (the flag enters by a select, a line's 8 lanes are valid
 // or invalid together). A torn line shows up as wrong bytes in the graph-replay tests with changing inputs.
@@ -399,7 +399,7 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
 // Work split: the NL = ceil(PW / 15) lines of a call are divided evenly over the NPROG blocks, the same on
 // every rank; block p publishes its lines of our rows to every peer and copies out the same lines of every
 // peer's rows. Area (at ll128_off): [2 parity][W src][ll128_lines] lines. Two parities suffice by the LL
-// argument (query_direct.cu), which is about whole grids, not blocks (the line split changes with T): a rank writes
+// argument (query/direct.cu), which is about whole grids, not blocks (the line split changes with T): a rank writes
 // a peer's parity area k in call e + 2 only after its own call e + 1 finished, which needed lines of that
 // peer's call e + 1, which the peer issues after its call e - the last reader of area k - completed (stream
 // order). fv = 2e + 1 differs from the value of call e - 2 (the area's previous use) and from zero.
@@ -408,7 +408,7 @@ __device__ void copy_rows_ll12(const Params& a, int u0, int u1, int par, uint32_
 // matrix, 10,000 graph replays with changing inputs on vmm and symm, back-to-back mixing every exchange,
 // missing peer -> PeerTimeoutError), but a fixed ~6.4 us at T = 1 (LL: 3.5, plain push: 5.0) and ~190 GB/s
 // of payload at the margin (plain push ~270), with weak and with volatile line stores alike - the same
-// fixed cost as csrc/output_direct.cu's LL128 kernel, cause not found: not the PDL overlap (without PDL:
+// fixed cost as csrc/output/direct.cu's LL128 kernel, cause not found: not the PDL overlap (without PDL:
 // 6.85 us) nor the two-blocks-per-SM occupancy (blocks of 128 threads: 6.22 us, slower at large T). It wins
 // in a band only (FP8 12.68-12.80 us at T = 96 against 13.45-13.56 for the plain push and 14.90 for LL; BF16:
 // never against roped), which is where the host uses it.

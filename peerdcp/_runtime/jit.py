@@ -30,9 +30,9 @@ def _find_csrc() -> Path:
     """The CUDA C++ sources: ``peerdcp/csrc/`` in an installed wheel (setup.py copies them there), else the
     checkout's top-level ``csrc/`` (DESIGN.md section 2; an editable install). The wheel's place is tried first, so
     a stray ``csrc`` folder beside an installed package is never taken."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package folder
     for cand in (here / "csrc", here.parent / "csrc"):
-        if (cand / "common.cuh").is_file():
+        if (cand / "peer_memory.cuh").is_file():
             return cand
     return here.parent / "csrc"
 
@@ -67,9 +67,9 @@ def _target(name: str, sources: tuple[str, ...], flags: tuple[str, ...]) -> tupl
         )
     h = hashlib.sha256()
     for p in paths:
-        h.update(p.name.encode())
+        h.update(p.relative_to(CSRC).as_posix().encode())
         h.update(p.read_bytes())
-    for hdr in sorted(CSRC.glob("*.cuh")):
+    for hdr in sorted(CSRC.rglob("*.cuh")):
         h.update(hdr.read_bytes())
     h.update(" ".join(flags).encode())
     out_dir = _cache_dir() / f"{name}-{h.hexdigest()[:16]}"
@@ -110,7 +110,8 @@ def host_check() -> bool:
 
 def _flags(flags: tuple[str, ...]) -> tuple[str, ...]:
     """``flags`` (their host-check form under :func:`host_check`) plus ``$PEERDCP_NVCC_EXTRA`` (space-separated;
-    for tuning sweeps such as ``scripts/diag/output_tune.py`` only: the extra flags are part of the cache key, so
+    for tuning sweeps such as ``scripts/diag/output_tune.py`` (in git history) only: the extra flags are part of the
+    cache key, so
     each setting is its own build, and nothing in the package sets them)."""
     if host_check():
         flags = (*(re.sub(r"code=sm_(\w+)", r"code=compute_\1", f) for f in flags), "-Xcicc", "-O0")
@@ -130,7 +131,7 @@ def load(name: str) -> ctypes.CDLL:
 
 def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, lib: Path) -> None:
     cflags = " ".join((*flags, "-Xcompiler", "-fPIC", f"-I{CSRC}"))
-    objs = [f"{p.stem}.o" for p in paths]
+    objs = [p.relative_to(CSRC).with_suffix(".o").as_posix().replace("/", "_") for p in paths]
     ninja = shutil.which("ninja")
     tmp = lib.with_suffix(".so.tmp")
     if ninja:
@@ -153,19 +154,19 @@ def _build(nvcc: str, paths: list[Path], flags: tuple[str, ...], out_dir: Path, 
 
 
 #: every C++ library the package loads: name -> (sources, flags); the mechanisms load them with
-#: :func:`load`, and ``python -m peerdcp.jit`` builds them all
+#: :func:`load`, and ``python -m peerdcp._runtime.jit`` builds them all
 LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "peerdcp_output": (("output_direct.cu",), DEFAULT_FLAGS),
-    "peerdcp_topk": (("topk_merge.cu", "topk_select.cu"), DEFAULT_FLAGS),
+    "peerdcp_output": (("output/direct.cu",), DEFAULT_FLAGS),
+    "peerdcp_topk": (("topk/merge.cu", "topk/select.cu"), DEFAULT_FLAGS),
     # no --use_fast_math: no flush-to-zero, and -fmad=false keeps every fp32 rounding of the reference
     "peerdcp_query": (
-        ("query_direct.cu",),
+        ("query/direct.cu",),
         ("-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-fmad=false", "-lineinfo"),
     ),
-    "peerdcp_selftest": (("selftest.cu",), DEFAULT_FLAGS),
+    "peerdcp_selftest": (("memory/selftest.cu",), DEFAULT_FLAGS),
     # warpgroup MMA and bulk copies: the architecture-specific sm_90a target (Hopper only)
     "peerdcp_score": (
-        ("topk_score.cu",),
+        ("topk/score.cu",),
         ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--use_fast_math", "-lineinfo"),
     ),
 }

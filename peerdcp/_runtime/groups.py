@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import PeerSetupError, PeerTimeoutError
+from ..errors import PeerSetupError, PeerTimeoutError
 
 __all__ = [
     "GroupInfo",

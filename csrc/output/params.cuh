@@ -1,4 +1,4 @@
-// Output/LSE CUDA kernels (see output_direct.cu), part 1: constants, the parameter block (mirrored by
+// Output/LSE CUDA kernels (see output/direct.cu), part 1: constants, the parameter block (mirrored by
 // peerdcp/output/ops.py), the kernel prologue (PDL, epoch), the work geometry, the publish / LSE item loads
 // and the combine rule that every kernel of the library shares.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "peer_memory.cuh"
 
 namespace {
 
@@ -74,7 +74,7 @@ struct OutputDirectParams {
 // What the kernels receive: the mirrored block plus the call's fixed divisors, derived once per call by the C
 // entry (derive_params). An index division by a runtime int is ~20 dependent instructions on a small call's
 // latency path; FastDiv is two (the LL kernel measured 0.13-0.18 us faster per call at T = 1-4 and the same at
-// T = 8, the Query kernels 0.3 us). The sentinel kernel keeps its divisions (output_sentinel.cuh
+// T = 8, the Query kernels 0.3 us). The sentinel kernel keeps its divisions (output/sentinel.cuh
 // says why).
 using peerdcp::FastDiv;
 struct OutputKernelParams : OutputDirectParams {

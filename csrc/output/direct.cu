@@ -23,7 +23,7 @@
 //   w == 0 is dropped by a select, never multiplied: its stale / NaN bytes cannot reach the result.
 //   All sources empty -> out 0, lse -inf.
 //
-// For T <= ll_max_tokens the host's launch picks the LL twin (output_direct_ll_kernel, output_lines.cuh): flags
+// For T <= ll_max_tokens the host's launch picks the LL twin (output_direct_ll_kernel, output/flag_in_data.cuh): flags
 // carried inside the payload words, no fence, no flag round trip.
 //
 // Opt-in variants (`opts`, default 0 = the kernel above; selected per reducer, agreed by every rank):
@@ -48,7 +48,7 @@
 //                  PDL launch is staged while this one runs. Deadlock freedom: dependents are launched only
 //                  after every CTA of this grid issued the trigger, i.e. all of them are already resident.
 //   kOptLL128      calls with ll_max_tokens < T <= ll128_max_tokens run output_direct_ll128_kernel
-//                  (output_lines.cuh; flags inside 128-byte lines, NCCL's LL128) instead of the plain kernel.
+//                  (output/flag_in_data.cuh; flags inside 128-byte lines, NCCL's LL128) instead of the plain kernel.
 //                  Not with kOptTightGrid (the LL128 reader of an LSE word may be another CTA than its writer, so
 //                  every CTA must run in every call). The host sets it per call: for T in the band
 //                  (max(ll_max, ll128_min), ll128_max] (default (20, 48], measured faster there) or, with the
@@ -56,12 +56,12 @@
 //                  The C side only checks T <= ll128_max_tokens. LL, LL128 and plain calls interleave freely:
 //                  each has its own region, all three advance every CTA's epoch, and the two-slot argument
 //                  holds per region.
-//   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (output_chunked.cuh; the
+//   kOptChunked    calls with T > ll_max_tokens run output_direct_chunked_kernel (output/chunked.cuh; the
 //                  plain protocol released per chunk of units by a signalling warp). Not with kOptLL128 or
 //                  kOptEarlyLoad.
 //   kOptSplit      with kOptChunked only: separate publishing and combining warps in that kernel.
 //   kOptSentinel   calls with T > ll_max_tokens outside the LL128 band run output_direct_sentinel_kernel
-//                  (output_sentinel.cuh; the payload region holds a reserved 16-bit pattern at rest, so each
+//                  (output/sentinel.cuh; the payload region holds a reserved 16-bit pattern at rest, so each
 //                  vector signals its own arrival: no fence, no flag bytes). The host sets it per call
 //                  (T > TUNING["cuda_sentinel_min_tokens"]). Not with kOptTightGrid or kOptChunked.
 //
@@ -76,13 +76,13 @@
 //
 // C ABI: peerdcp_output_direct(const OutputDirectParams*, cudaStream_t, int device) -> cudaError_t (as int).
 //
-// Files: output_common.cuh (parameter block, prologue, geometry, item loads, the combine rule),
-// output_lines.cuh (the LL and LL128 kernels), output_chunked.cuh (the chunked kernel), output_sentinel.cuh
+// Files: output/params.cuh (parameter block, prologue, geometry, item loads, the combine rule),
+// output/flag_in_data.cuh (the LL and LL128 kernels), output/chunked.cuh (the chunked kernel), output/sentinel.cuh
 // (the sentinel kernel), and here the plain kernel, the launch and the C entry points.
-#include "output_chunked.cuh"
-#include "output_common.cuh"
-#include "output_lines.cuh"
-#include "output_sentinel.cuh"
+#include "chunked.cuh"
+#include "params.cuh"
+#include "flag_in_data.cuh"
+#include "sentinel.cuh"
 
 namespace {
 

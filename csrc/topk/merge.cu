@@ -30,7 +30,7 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "peer_memory.cuh"
 
 namespace {
 

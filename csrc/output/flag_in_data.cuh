@@ -1,8 +1,8 @@
-// Output/LSE CUDA kernels (see output_direct.cu), part 2: the flag-in-data protocols - the LL kernel (small
+// Output/LSE CUDA kernels (see output/direct.cu), part 2: the flag-in-data protocols - the LL kernel (small
 // T; the default there) and the LL128 kernel (a band of T) - where every word or line carries the call's flag.
 #pragma once
 
-#include "output_common.cuh"
+#include "params.cuh"
 
 namespace {
 
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
         uint4 a = peerdcp::ld_volatile_v4(line), b = peerdcp::ld_volatile_v4(line + 1);
         uint2 c = peerdcp::ld_volatile_v2(lw);
         bool ready = arrived(a, b, c);
-        if (!ready && !((dead >> s) & 1)) {  // (peerdcp::spin_until's loop, written out: see common.cuh)
+        if (!ready && !((dead >> s) & 1)) {  // (peerdcp::spin_until's loop, written out: see peer_memory.cuh)
           const uint64_t t0 = peerdcp::global_timer_ns();
           int spins = 0;
           while (!ready) {

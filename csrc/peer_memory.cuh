@@ -146,7 +146,7 @@ __device__ __forceinline__ void report_timeout(int64_t* err, int rank, int peer,
 // A thread's bounded poll: until `here()`, `reload()` what it waits for and look again, reading the clock every
 // 64 misses; gives up once `timeout_ns` have passed since the first miss. The caller checks here() after it
 // (false: timed out; it records the error and skips the data). The Output LL128 LSE settle and sentinel waits;
-// the LL kernel's wait (output_lines.cuh) has the same shape but stays written out: through this helper its
+// the LL kernel's wait (output/flag_in_data.cuh) has the same shape but stays written out: through this helper its
 // kernel compiles differently and measured 2-5 % slower at T = 4-8 (A/B/A/B in separate processes).
 template <typename Here, typename Reload>
 __device__ __forceinline__ void spin_until(int64_t timeout_ns, Here here, Reload reload) {

@@ -1,8 +1,8 @@
-// Output/LSE CUDA kernels (see output_direct.cu), part 3: the opt-in chunked kernel (the plain protocol
+// Output/LSE CUDA kernels (see output/direct.cu), part 3: the opt-in chunked kernel (the plain protocol
 // released per chunk of units by a signalling warp).
 #pragma once
 
-#include "output_common.cuh"
+#include "params.cuh"
 
 namespace {
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .attention import partial_attention
+from ..output.partial import partial_attention
 from .geometry import Geometry
 
 __all__ = ["setup", "generate", "forward", "check", "timings", "gpu_burst_us", "capacity", "teardown"]

@@ -1,4 +1,4 @@
-"""Plain-torch MLA attention over a KV shard, producing the partial output and LSE that DCP combines.
+"""Plain-torch MLA attention over one KV shard: the partial output and LSE that `OutputReducer.reduce` combines.
 
 Shapes (per rank, one decode row per sequence):
     q        [T, Hw, nope + rope]  bf16  (widened heads, nope first, roped part last)

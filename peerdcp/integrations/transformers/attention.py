@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...attention import partial_attention
+from ...output.partial import partial_attention
 from ...topk.reference import local_length
 from . import mla
 from .indexer import exact_scores, fp8_inputs, index_qkw

@@ -28,12 +28,12 @@ import torch.distributed as dist
 from ...output.partial import partial_attention
 from ...topk.reference import local_length
 from . import mla
-from .indexer import exact_scores, fp8_inputs, index_qkw
+from .indexer import index_qkw
 
 __all__ = ["DCPAttention"]
 
 
-class DCPAttention(torch.nn.Module):
+class DCPAttention(mla.LayerAttention):
     """Drop-in ``self_attn`` running DCP over the :class:`~.model.DCPModel`'s group (see the module docstring).
 
     Args:
@@ -41,13 +41,6 @@ class DCPAttention(torch.nn.Module):
         layer_idx: the decoder layer's index.
         runtime: the :class:`~.model.DCPModel` holding the peerdcp objects, the options and the checks.
     """
-
-    def __init__(self, attn: torch.nn.Module, layer_idx: int, runtime) -> None:
-        super().__init__()
-        self.attn = attn
-        self.layer_idx = layer_idx
-        self.rt = runtime
-        self.has_indexer = getattr(attn, "indexer", None) is not None
 
     def forward(
         self,
@@ -60,18 +53,12 @@ class DCPAttention(torch.nn.Module):
         cache=None,
         **kwargs,
     ):
-        # transformers 5.25 passes the cache as ``cache`` (``past_key_values`` before it)
-        past_key_values = cache if past_key_values is None else past_key_values
         rt, a, L = self.rt, self.attn, self.layer_idx
-        if past_key_values is None or not hasattr(past_key_values, "layers"):
-            raise TypeError("DCPAttention needs the DCPModel's cache: pass past_key_values=dcp.new_cache(batch)")
         B, S, _ = hidden_states.shape
         dev, dtype = hidden_states.device, hidden_states.dtype
-        layer = past_key_values.layers[L]
-        past = layer.length
-        pos = rt.positions(position_ids, B, S, past)
-        q_lat, q_pe, q_resid = mla.query_heads(a, hidden_states, rt.heads)
-        c_new, pe_new = mla.latents(a, hidden_states, rt.cos_sin[pos], rt.mla_style)
+        past_key_values, layer, past, pos, q_lat, q_pe, q_resid, c_new, pe_new = self._begin(
+            hidden_states, position_ids, past_key_values, cache, rt.heads
+        )
         c_loc, pe_loc = past_key_values.update(c_new, pe_new, L)  # [B, n_local, *]
         lcols = layer.local_columns()  # [n_local] global columns, ascending
         ids_all = None
@@ -130,39 +117,3 @@ class DCPAttention(torch.nn.Module):
         parts = [torch.empty_like(out) for _ in range(rt.W)]
         dist.all_gather([x.view(torch.uint8) for x in parts], out.contiguous().view(torch.uint8), group=rt.group)
         return torch.cat(parts, dim=2)
-
-    def _scorer(self, layer, qi, ki, wi, B, S, past):
-        """A function ``(b, s, qcol, ok) -> [T, n]`` fp32: the rows' scores of this rank's tokens (local rows),
-        ``-inf`` where not allowed, after storing this call's index keys (the owned ones)."""
-        rt = self.rt
-        if rt.options.indexer == "exact":
-            keys = layer.update_index(ki)  # [B, n_local, D]
-
-            def scores(b, s, qcol, ok):
-                return exact_scores(qi[b, s], wi[b, s], keys[b]).masked_fill(~ok, float("-inf"))
-
-            return scores
-        from ...topk import indexer_logits
-
-        cache = rt.index_cache(self.layer_idx)
-        q8, wf, k8, ks = fp8_inputs(qi.reshape(B * S, *qi.shape[2:]), ki.reshape(B * S, -1), wi.reshape(B * S, -1))
-        bb = torch.arange(B, device=ki.device).repeat_interleave(S)
-        ss = torch.arange(S, device=ki.device).repeat(B)
-        cache.write(bb * rt.stride + past + ss, k8, ks)  # the cache keeps the owned slots
-        q8, wf = q8.view(B, S, *q8.shape[1:]), wf.view(B, S, -1)
-
-        def scores(b, s, qcol, ok):
-            bt = cache.block_table(b * rt.stride, rt.stride // cache.page_size // rt.W)
-            x = indexer_logits(
-                q8[b, s].contiguous(),
-                wf[b, s].contiguous(),
-                cache,
-                qcol + 1,
-                block_table=bt,
-                max_seq_len=int(qcol.max()) + 1,
-            )
-            n = ok.shape[1]
-            x = x[:, :n] if x.shape[1] >= n else torch.nn.functional.pad(x, (0, n - x.shape[1]), value=float("-inf"))
-            return x.masked_fill(~ok, float("-inf"))
-
-        return scores

@@ -17,8 +17,75 @@ import torch
 import torch.nn.functional as F
 
 from ...query.reference import apply_rope
+from .indexer import exact_scores, fp8_inputs
 
-__all__ = ["query_heads", "latents", "value_heads", "allowed", "mla_rope_style", "index_rope_style"]
+__all__ = ["LayerAttention", "query_heads", "latents", "value_heads", "allowed", "mla_rope_style", "index_rope_style"]
+
+
+class LayerAttention(torch.nn.Module):
+    """What the DCP and the reference attention share: the transformers module they stand in for (its weights are
+    used, not copied), the layer's index, the runtime (the model wrapper holding the options and the peerdcp
+    objects), and the first steps of a call, up to the new tokens' latents."""
+
+    def __init__(self, attn: torch.nn.Module, layer_idx: int, runtime) -> None:
+        super().__init__()
+        self.attn = attn
+        self.layer_idx = layer_idx
+        self.rt = runtime
+        self.has_indexer = getattr(attn, "indexer", None) is not None
+
+    def _begin(self, hidden: torch.Tensor, position_ids, past_key_values, cache, heads: slice):
+        """``hidden [B, S, hidden]`` -> ``(cache, layer, past, pos [B, S], q_lat, q_pe, q_resid, c_new, pe_new)``:
+        the model's cache object and this layer's entry, its length before the call, the positions, this call's
+        query for ``heads`` and its tokens' latent and roped ``k_pe``."""
+        cache = cache if past_key_values is None else past_key_values  # transformers 5.25 names it ``cache``
+        if cache is None or not hasattr(cache, "layers"):
+            name = type(self).__name__
+            raise TypeError(f"{name} needs its model wrapper's cache: pass past_key_values=wrapper.new_cache(batch)")
+        B, S, _ = hidden.shape
+        layer = cache.layers[self.layer_idx]
+        past = layer.length
+        pos = self.rt.positions(position_ids, B, S, past)
+        q_lat, q_pe, q_resid = query_heads(self.attn, hidden, heads)
+        c_new, pe_new = latents(self.attn, hidden, self.rt.cos_sin[pos], self.rt.mla_style)
+        return cache, layer, past, pos, q_lat, q_pe, q_resid, c_new, pe_new
+
+    def _scorer(self, layer, qi, ki, wi, B, S, past):
+        """A function ``(b, s, qcol, ok) -> [T, n]`` fp32: the rows' scores of the tokens the layer's cache holds
+        (a DCP rank: its owned tokens, in local rows; the reference: all), ``-inf`` where not allowed, after
+        storing this call's index keys (the cache keeps the owned ones)."""
+        rt = self.rt
+        if rt.options.indexer == "exact":
+            keys = layer.update_index(ki)  # [B, n (local), D]
+
+            def scores(b, s, qcol, ok):
+                return exact_scores(qi[b, s], wi[b, s], keys[b]).masked_fill(~ok, float("-inf"))
+
+            return scores
+        from ...topk import indexer_logits
+
+        cache = rt.index_cache(self.layer_idx)
+        q8, wf, k8, ks = fp8_inputs(qi.reshape(B * S, *qi.shape[2:]), ki.reshape(B * S, -1), wi.reshape(B * S, -1))
+        bb = torch.arange(B, device=ki.device).repeat_interleave(S)
+        ss = torch.arange(S, device=ki.device).repeat(B)
+        cache.write(bb * rt.stride + past + ss, k8, ks)  # an owner-sharded cache keeps the owned slots
+        q8, wf = q8.view(B, S, *q8.shape[1:]), wf.view(B, S, -1)
+
+        def scores(b, s, qcol, ok):
+            bt = cache.block_table(b * rt.stride, rt.stride // cache.page_size // rt.W)
+            x = indexer_logits(
+                q8[b, s].contiguous(),
+                wf[b, s].contiguous(),
+                cache,
+                qcol + 1,
+                block_table=bt,
+                max_seq_len=int(qcol.max()) + 1,
+            )
+            n = ok.shape[1]
+            x = x[:, :n] if x.shape[1] >= n else torch.nn.functional.pad(x, (0, n - x.shape[1]), value=float("-inf"))
+            return x.masked_fill(~ok, float("-inf"))
+
+        return scores
 
 
 def mla_rope_style(config) -> str:

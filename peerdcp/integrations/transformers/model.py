@@ -129,6 +129,10 @@ class _Runtime:
         if self.options.record:
             self.ids_log[layer].append(ids.detach().cpu())
 
+    def index_cache(self, layer: int):
+        """The :class:`~peerdcp.topk.IndexKCache` of a layer with an indexer (the FP8 indexer)."""
+        return self.index_caches[layer]
+
     def reset_logs(self) -> None:
         self.ids_log = {i: [] for i in self.ids_log}
 
@@ -255,9 +259,6 @@ class DCPModel(_Runtime):
         for i, layer in enumerate(self.layers):
             layer.self_attn = DCPAttention(layer.self_attn, i, self)
 
-    def index_cache(self, layer: int):
-        return self.index_caches[layer]
-
     def new_cache(self, batch: int) -> ShardedLatentCache:
         """An empty cache of this rank's columns for ``batch`` sequences (one per ``generate`` call)."""
         self._check_batch(batch)
@@ -306,9 +307,6 @@ class ReferenceModel(_Runtime):
 
         for i, layer in enumerate(self.layers):
             layer.self_attn = ReferenceAttention(layer.self_attn, i, self)
-
-    def index_cache(self, layer: int):
-        return self.index_caches[layer]
 
     def new_cache(self, batch: int) -> ShardedLatentCache:
         self._check_batch(batch)

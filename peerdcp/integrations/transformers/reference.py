@@ -23,7 +23,7 @@ import torch
 from ...query.reference import widened_query
 from ...topk.selector import canonical_topk
 from . import mla
-from .indexer import exact_scores, fp8_inputs, index_qkw
+from .indexer import index_qkw
 
 __all__ = ["ReferenceAttention", "attend_fp32"]
 
@@ -39,7 +39,7 @@ def attend_fp32(q: torch.Tensor, c: torch.Tensor, pe: torch.Tensor, ok: torch.Te
     return torch.einsum("thn,tnd->thd", p, c.float())
 
 
-class ReferenceAttention(torch.nn.Module):
+class ReferenceAttention(mla.LayerAttention):
     """Drop-in ``self_attn`` computing the unsharded attention (see the module docstring).
 
     Args:
@@ -50,11 +50,7 @@ class ReferenceAttention(torch.nn.Module):
     """
 
     def __init__(self, attn: torch.nn.Module, layer_idx: int, runtime) -> None:
-        super().__init__()
-        self.attn = attn
-        self.layer_idx = layer_idx
-        self.rt = runtime
-        self.has_indexer = getattr(attn, "indexer", None) is not None
+        super().__init__(attn, layer_idx, runtime)
         self.heads = slice(0, attn.num_heads)
 
     def forward(
@@ -68,15 +64,11 @@ class ReferenceAttention(torch.nn.Module):
         cache=None,
         **kwargs,
     ):
-        # transformers 5.25 passes the cache as ``cache`` (``past_key_values`` before it)
-        past_key_values = cache if past_key_values is None else past_key_values
         rt, a, L = self.rt, self.attn, self.layer_idx
         B, S, _ = hidden_states.shape
-        layer = past_key_values.layers[L]
-        past = layer.length
-        pos = rt.positions(position_ids, B, S, past)  # [B, S]
-        q_lat, q_pe, q_resid = mla.query_heads(a, hidden_states, self.heads)
-        c_new, pe_new = mla.latents(a, hidden_states, rt.cos_sin[pos], rt.mla_style)
+        past_key_values, layer, past, pos, q_lat, q_pe, q_resid, c_new, pe_new = self._begin(
+            hidden_states, position_ids, past_key_values, cache, self.heads
+        )
         c_all, pe_all = past_key_values.update(c_new, pe_new, L)
         n = past + S
         cols = torch.arange(n, device=hidden_states.device)
@@ -122,39 +114,3 @@ class ReferenceAttention(torch.nn.Module):
             rt.log_ids(L, own_all if own_all is not None else ids_all)
         y = a.o_proj(out.reshape(B, S, -1))
         return (y, None, ids_all) if rt.returns_topk else (y, None)
-
-    def _scorer(self, layer, qi, ki, wi, B, S, past):
-        """A function ``(b, s, qcol, ok) -> [T, n]`` fp32 scores of rows ``(b, s)`` over every cached column
-        (``-inf`` where not allowed), after storing this call's keys."""
-        rt = self.rt
-        if rt.options.indexer == "exact":
-            keys = layer.update_index(ki)  # [B, n, D]
-
-            def scores(b, s, qcol, ok):
-                return exact_scores(qi[b, s], wi[b, s], keys[b]).masked_fill(~ok, float("-inf"))
-
-            return scores
-        from ...topk import indexer_logits
-
-        cache = rt.index_cache(self.layer_idx)
-        q8, wf, k8, ks = fp8_inputs(qi.reshape(B * S, *qi.shape[2:]), ki.reshape(B * S, -1), wi.reshape(B * S, -1))
-        bb = torch.arange(B, device=ki.device).repeat_interleave(S)
-        ss = torch.arange(S, device=ki.device).repeat(B)
-        cache.write(bb * rt.stride + past + ss, k8, ks)
-        q8, wf = q8.view(B, S, *q8.shape[1:]), wf.view(B, S, -1)
-
-        def scores(b, s, qcol, ok):
-            bt = cache.block_table(b * rt.stride, rt.stride // cache.page_size)
-            x = indexer_logits(
-                q8[b, s].contiguous(),
-                wf[b, s].contiguous(),
-                cache,
-                qcol + 1,
-                block_table=bt,
-                max_seq_len=int(qcol.max()) + 1,
-            )
-            n = ok.shape[1]
-            x = x[:, :n] if x.shape[1] >= n else torch.nn.functional.pad(x, (0, n - x.shape[1]), value=float("-inf"))
-            return x.masked_fill(~ok, float("-inf"))
-
-        return scores

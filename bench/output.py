@@ -4,7 +4,7 @@ Per geometry (Kimi-K2.5, 64 heads: 16 per rank at TP4, W <= 4, 8 at TP8 / DCP8; 
 per rank at TP4, 16 at TP8; D = 512, bf16, LSE base e) and T in 1..512, on W GPUs (default 2), in one run:
 
 * ``direct-{vmm,symm}-{cuda,cuda_plain,cuda_ll,triton}`` - peerdcp's producer-direct reducer: the CUDA
-  kernel with the default LL threshold (``reducer.default_ll_max_tokens``), never LL, always LL, and the
+  kernel with the default LL threshold (``policy.default_ll_max_tokens``), never LL, always LL, and the
   Triton twin (the table shows where LL stops paying, and which kernel should be the default);
 * ``a2a``, ``ag_rs`` - peerdcp's NCCL baselines;
 * ``vllm-a2a`` - vLLM 0.34.0's a2a (its pack, NCCL ``all_to_all_single``, its combine; ``bench.peers``), checked
@@ -27,7 +27,7 @@ CUDA kernel's time goes. For each T and kernel (``ll`` = the default at T <= 8, 
 kernel, each "leave one stage out" variant of the same kernel (``-payload``, ``-lse``, ``-sync`` = no flag
 store and no wait, ``-combine``), ``epoch-only`` (all four left out), ``empty`` (the same grid returning at
 once: launch + drain) and ``empty+tight`` (the grid of only the CTAs with work), the instrumented build with
-nothing left out, and the opt-in variants (``TUNING["cuda_opts"]``: ``+tight``, ``+early``, ``+pdl`` and
+nothing left out, and the opt-in variants (``OutputPolicy.cuda_opts``: ``+tight``, ``+early``, ``+pdl`` and
 combinations) that may become the default. Every variant is timed in ``--rounds`` rounds (alternating order;
 the minimum of the per-round medians is reported, which removes clock warm-up and order effects). Outputs
 of the variants that leave a stage out are wrong by design and not checked; all others are. It writes
@@ -39,11 +39,11 @@ minus full, negative = faster).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -71,8 +71,8 @@ HEAD_DIM = 512
 T_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 T_QUICK = [1, 8, 32, 128, 256]
 N_SETS = 4
-# name: (kernel, ll_max_tokens (None: default, "max": always LL), TUNING["cuda_opts"] (None: default),
-#        ll128_max_tokens (None: default)[, other TUNING overrides])
+# name: (kernel, ll_max_tokens (None: default, "max": always LL), policy.cuda_opts (None: default),
+#        ll128_max_tokens (None: default)[, other policy fields])
 KERNEL_VARIANTS = {
     # the library default: LL to 64 KiB per destination (T <= 4 at 16 heads), then the sentinel kernel (every
     # CTA both to 16, 36-44 publisher CTAs with 1 / 2 loads in flight above); PDL
@@ -103,7 +103,7 @@ KERNEL_VARIANTS = {
     "cuda_no_ll": ("cuda", 0, None, None),  # the sentinel kernel from T = 1 (no LL range); W > 2 tuning
     "triton": ("triton", None, None, None),
 }
-# --breakdown: (column, stage mask of peerdcp.output.ops, TUNING["cuda_opts"]); mask None = the default build
+# --breakdown: (column, stage mask of peerdcp.output.ops, policy.cuda_opts); mask None = the default build
 BREAKDOWN_VARIANTS = [
     ("full", None, ()),
     ("instrumented", "instrumented", ()),
@@ -217,12 +217,9 @@ class SglAgRs:
 
 
 # ------------------------------------------------------------------------------------------ ranks
-def _cuda_opts(opts: tuple | None, extra: dict | None = None):
-    """Reducers built inside read ``TUNING["cuda_opts"] = opts`` and the ``extra`` TUNING entries (restored
-    after; None: the default)."""
-    from peerdcp.output import reducer as R
-
-    return mock.patch.dict(R.TUNING, {**({} if opts is None else {"cuda_opts": opts}), **(extra or {})})
+def _policy(base, opts: tuple | None, extra: dict | None = None):
+    """``base`` (an OutputPolicy) with ``cuda_opts = opts`` (None: unchanged) and the ``extra`` fields."""
+    return dataclasses.replace(base, **({} if opts is None else {"cuda_opts": opts}), **(extra or {}))
 
 
 def _inputs(seed: int, W: int, T: int, H: int, dtype=torch.bfloat16):
@@ -238,13 +235,13 @@ def rank_main(cfg: dict) -> list[dict]:
 
     import peerdcp
     from bench import peers
-    from peerdcp.output import reducer as R
+    from peerdcp.output.policy import default_policy
     from peerdcp.output.reference import dcp_reduce
 
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     ko = load_sglang_kernels(cfg["sglang_kernels"])
-    R.TUNING.update(cfg.get("tuning") or {})  # --tuning (a spawned rank process: nothing to restore)
+    base = _policy(default_policy(), None, cfg.get("tuning"))  # --tuning: every reducer of the run
     rows: list[dict] = []
     for geo in cfg["geometries"]:
         H = heads_per_rank(geo, W)
@@ -256,16 +253,16 @@ def rank_main(cfg: dict) -> list[dict]:
                 if memory != cfg["memories"][0] and variant not in cfg["kernels_all_memories"]:
                     continue
                 kernel, ll, opts, ll128, *extra = KERNEL_VARIANTS[variant]
-                with _cuda_opts(opts, extra[0] if extra else None):
-                    red = peerdcp.OutputReducer(
-                        None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory=memory,
-                        kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll, ll128_max_tokens=ll128,
-                    )  # fmt: skip
+                red = peerdcp.OutputReducer(
+                    None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct", memory=memory,
+                    kernel=kernel, device=dev, ll_max_tokens=maxT if ll == "max" else ll, ll128_max_tokens=ll128,
+                    policy=_policy(base, opts, extra[0] if extra else None),
+                )  # fmt: skip
                 reducers.append(red)
                 methods[f"direct-{memory}-{variant}"] = red.reduce
         for b in cfg["baselines"]:
             red = peerdcp.OutputReducer(
-                None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend=b, device=dev
+                None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend=b, device=dev, policy=base
             )
             reducers.append(red)
             methods[b] = red.reduce
@@ -336,26 +333,26 @@ def rank_breakdown(cfg: dict) -> list[dict]:
 
     import peerdcp
     from peerdcp.output import ops
-    from peerdcp.output import reducer as R
+    from peerdcp.output.policy import default_ll_max_tokens, default_policy
     from peerdcp.output.reference import dcp_reduce
 
     W, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     H, maxT = heads_per_rank("kimi", W), max(cfg["tokens"])
-    ll_default = R.default_ll_max_tokens(H, HEAD_DIM, torch.bfloat16)
+    ll_default = default_ll_max_tokens(H, HEAD_DIM, torch.bfloat16)
     wanted = [v for v in BREAKDOWN_VARIANTS if v[0] in cfg["variants"]]
     reducers: dict = {}  # (kernel, opts) -> OutputReducer
     errors: dict = {}
     for kern in ("ll", "plain"):
         for opts in dict.fromkeys(o for _, _, o in wanted):
             try:
-                with _cuda_opts(opts):
-                    red = peerdcp.OutputReducer(
-                        None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct",
-                        memory="vmm", kernel="cuda", device=dev, ll_max_tokens=ll_default if kern == "ll" else 0,
-                        ll128_max_tokens=0,
-                        timeout_s=5.0,
-                    )  # fmt: skip
+                red = peerdcp.OutputReducer(
+                    None, max_tokens=maxT, heads_per_rank=H, head_dim=HEAD_DIM, backend="direct",
+                    memory="vmm", kernel="cuda", device=dev, ll_max_tokens=ll_default if kern == "ll" else 0,
+                    ll128_max_tokens=0,
+                    timeout_s=5.0,
+                    policy=_policy(default_policy(), opts),
+                )  # fmt: skip
                 reducers[(kern, opts)] = red
             except Exception as e:  # noqa: BLE001 - the same on every rank (construction is collective)
                 errors[(kern, opts)] = f"{type(e).__name__}: {e}"
@@ -559,14 +556,15 @@ def _verdict(rows: list[dict]) -> list[str]:
 
 
 def _parse_tuning(items: list[str]) -> dict[str, int]:
-    """``["cuda_programs_per_sm=3", ...]`` -> ``{"cuda_programs_per_sm": 3}``; only integer entries of TUNING."""
-    from peerdcp.output.reducer import TUNING
+    """``["cuda_programs_per_sm=3", ...]`` -> ``{"cuda_programs_per_sm": 3}``; only integer fields of OutputPolicy."""
+    from peerdcp.output.policy import DEFAULT_POLICY
 
+    fields = dataclasses.asdict(DEFAULT_POLICY)
     out = {}
     for item in items:
         key, sep, val = item.partition("=")
-        if not sep or key not in TUNING or not isinstance(TUNING[key], int):
-            ints = sorted(k for k, v in TUNING.items() if isinstance(v, int))
+        if not sep or key not in fields or not isinstance(fields[key], int):
+            ints = sorted(k for k, v in fields.items() if isinstance(v, int))
             raise SystemExit(f"--tuning {item!r}: expected KEY=INT with KEY one of {ints}")
         out[key] = int(val)
     return out
@@ -589,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="--breakdown: timing rounds per variant (default 2)")
     p.add_argument(
         "--tuning", nargs="+", default=[], metavar="KEY=INT",
-        help="override integer entries of peerdcp.output.reducer.TUNING in the ranks (tuning sweeps)",
+        help="override integer fields of peerdcp.output.policy.OutputPolicy in the ranks (tuning sweeps)",
     )  # fmt: skip
     a = p.parse_args(argv)
     tuning = _parse_tuning(a.tuning)

@@ -6,16 +6,17 @@ for its own heads locally (``reference.dcp_reduce``) and no barrier is needed be
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import time
-from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 import peerdcp
 from peerdcp.errors import PeerTimeoutError
+from peerdcp.output.policy import DEFAULT_POLICY, OutputPolicy
 from peerdcp.output.reference import combine, combine_bounds, dcp_reduce, dcp_reduce_bounds, outside_bounds
 
 # Whole-output relative (Frobenius) error bound of one rounding to the output dtype (unit roundoff 2^-8 for
@@ -382,22 +383,17 @@ def cuda_triton_twins(memory: str, cases: list[int], seed: int) -> list[dict]:
     return res
 
 
-def with_cuda_opts(cuda_opts, fn_name: str, *args):
-    """Run ``fn_name(*args)`` of this module with ``TUNING["cuda_opts"] = cuda_opts`` (restored after;
-    None: the library default); a dict sets those TUNING entries instead."""
-    from peerdcp.output import reducer as R
-
-    patch = {} if cuda_opts is None else dict(cuda_opts) if isinstance(cuda_opts, dict) else {"cuda_opts": cuda_opts}
-    with mock.patch.dict(R.TUNING, patch):
-        return globals()[fn_name](*args)
+def policy_with(spec) -> OutputPolicy | None:
+    """A test variant's policy: None (the library default), a tuple (its ``cuda_opts``) or a dict of fields, on
+    :data:`~peerdcp.output.policy.DEFAULT_POLICY` (unchecked: the constructor reports bad values)."""
+    if spec is None:
+        return None
+    return dataclasses.replace(DEFAULT_POLICY, **(dict(spec) if isinstance(spec, dict) else {"cuda_opts": spec}))
 
 
-def construct_with_opts(config: dict, cuda_opts) -> dict:
-    """Construct under ``TUNING["cuda_opts"] = cuda_opts``: the error ('Type: message') or the attributes."""
-    return with_cuda_opts(cuda_opts, "_construct", config)
-
-
-def _construct(config: dict) -> dict:
+def construct(config: dict) -> dict:
+    """Construct (``config`` = constructor kwargs, a ``policy`` among them): the error ('Type: message') or the
+    attributes."""
     try:
         with peerdcp.OutputReducer(None, **config) as red:
             return {"kernel": red.kernel, "cuda_opts": red.cuda_opts, "reason": red.reason}

@@ -395,14 +395,18 @@ def test_inbox_layout_is_aligned_and_disjoint():
 
 
 def test_default_ll_range_follows_bytes_per_destination():
-    from unittest import mock
+    import dataclasses
 
-    from peerdcp.output import reducer as R
+    from peerdcp.output import policy as P
 
-    with mock.patch.dict(R.TUNING, {"cuda_ll_max_tokens": 8, "cuda_ll_max_bytes": 65536}):
-        # 64 KiB per destination: 8 heads x 512 bf16 -> 8 tokens, 16 -> 4, 32 -> 2, 64 -> 1, 128 -> no LL
-        got = [R.default_ll_max_tokens(h, 512, torch.bfloat16) for h in (4, 8, 16, 32, 64, 128)]
-        assert got == [8, 8, 4, 2, 1, 0]
-        assert R.default_ll_max_tokens(16, 512, torch.float32) == 2  # element bytes count
-        assert R.default_ll_max_tokens(0, 512, torch.bfloat16) == 8  # bad geometry: the constructor reports it
-        assert R.default_ll_max_tokens(16, True, torch.bfloat16) == 8
+    policy = dataclasses.replace(P.DEFAULT_POLICY, cuda_ll_max_tokens=8, cuda_ll_max_bytes=65536)
+
+    def ll(h, d, dtype):
+        return P.default_ll_max_tokens(h, d, dtype, policy=policy)
+
+    # 64 KiB per destination: 8 heads x 512 bf16 -> 8 tokens, 16 -> 4, 32 -> 2, 64 -> 1, 128 -> no LL
+    assert [ll(h, 512, torch.bfloat16) for h in (4, 8, 16, 32, 64, 128)] == [8, 8, 4, 2, 1, 0]
+    assert ll(16, 512, torch.float32) == 2  # element bytes count
+    assert ll(0, 512, torch.bfloat16) == 8  # bad geometry: the constructor reports it
+    assert ll(16, True, torch.bfloat16) == 8
+    assert P.default_ll_max_tokens(16, 512, torch.bfloat16) == 4  # the default policy (policy=None)

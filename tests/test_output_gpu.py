@@ -27,7 +27,7 @@ def _pool(pools):
 # (always LL), "cuda_plain"
 # (the plain kernel at every T: no LL, no sentinel), "cuda_nopdl" (LL and the plain kernel, no PDL),
 # "cuda_ll128_32" (the default with an LL128 band (20, 32]), "cuda_ll128" (LL up to the threshold, then LL128:
-# TUNING cuda_opts ("ll128",)), "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same
+# policy cuda_opts ("ll128",)), "cuda_ll128_only" (LL128 at every T), "cuda_chunked" / "cuda_chunked_only" (the same
 # with cuda_opts ("chunked",)), "cuda_chunked_split" (("chunked", "split_roles")), "cuda_sentinel" (the sentinel
 # kernel above LL with every CTA both at every T), "cuda_sentinel_only" (the same at every T, no LL),
 # "cuda_sentinel_split" (split roles at every T, 36 publishers with 2 loads in flight, no LL), "triton" (the Triton
@@ -67,14 +67,14 @@ OPTS = {
         "cuda_sentinel_min_tokens": 0,
         "cuda_sentinel_split": ((0, 36, 2),),
     },
-}  # TUNING["cuda_opts"] of a variant (absent: the library default, ("pdl", "sentinel")), or TUNING entries (a dict)
+}  # policy.cuda_opts of a variant (absent: the library default, ("pdl", "sentinel")), or policy fields (a dict)
 # ll128_max_tokens of a variant (absent: the default, 0 = off)
 LL128 = {"cuda_plain": 0, "cuda_ll128_32": 32, "cuda_sentinel_only": 0, "cuda_sentinel_split": 0}
 
 
-def _run(pool, kernel: str, fn_name: str, *args, **kw):
-    """``fns.<fn_name>(*args)`` on every rank, under the variant's TUNING["cuda_opts"]."""
-    return pool.run(fns.with_cuda_opts, OPTS.get(kernel), fn_name, *args, **kw)
+def _run(pool, kernel: str, fn_name: str, cfg: dict, *args, **kw):
+    """``fns.<fn_name>(cfg, *args)`` on every rank, ``cfg`` with the variant's policy (``OPTS``)."""
+    return pool.run(getattr(fns, fn_name), dict(cfg, policy=fns.policy_with(OPTS.get(kernel))), *args, **kw)
 
 
 def _cfg(backend, memory="auto", kernel="auto", dtype=torch.bfloat16, lse_base="e", max_tokens=256, **geo):

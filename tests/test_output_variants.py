@@ -1,4 +1,4 @@
-"""The CUDA kernel's opt-in variants (``TUNING["cuda_opts"]``) and its benchmark-only stage breakdown:
+"""The CUDA kernel's opt-in variants (``OutputPolicy.cuda_opts``) and its benchmark-only stage breakdown:
 the parts that can be checked without a GPU (knob validation, the ctypes mirror of the parameter block,
 the C entry point's rejection of bad masks), and GPU tests (marked, skipped here) that each variant agrees
 with the reference and that a breakdown run leaves the protocol state consistent.
@@ -9,6 +9,7 @@ GPU:  ``python -m pytest -q tests/test_output_variants.py``  on the 2-GPU machin
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import shutil
 import types
 
@@ -19,6 +20,7 @@ from conftest import GPU_BACKEND
 
 from peerdcp._runtime.jit import nvcc_path
 from peerdcp.output import ops
+from peerdcp.output import policy as P
 from peerdcp.output import reducer as R
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja")
@@ -26,8 +28,8 @@ HOST = dict(max_tokens=4, heads_per_rank=3, head_dim=16, backend="direct", memor
 
 
 def test_opts_names_and_masks():
-    assert R.TUNING["cuda_opts"] == ("pdl", "sentinel")  # the default
-    assert set(R._CUDA_OPTS) == set(ops.OPTS)
+    assert P.DEFAULT_POLICY.cuda_opts == ("pdl", "sentinel")  # the default
+    assert set(P.CUDA_OPTS) == set(ops.OPTS)
     assert ops.opts_mask(()) == 0
     assert ops.opts_mask(("tight_grid", "pdl")) == 5
     with pytest.raises(ValueError, match="unknown CUDA kernel option 'fast'"):
@@ -35,6 +37,23 @@ def test_opts_names_and_masks():
     bits = list(ops.STAGES.values())
     assert len(set(bits)) == len(bits) and all(b & (b - 1) == 0 for b in bits)  # distinct single bits
     assert sum(bits) == ops._STAGES_ALL
+
+
+def test_policy_default_is_frozen_and_reads_the_environment_when_made(monkeypatch):
+    monkeypatch.delenv("PEERDCP_OUTPUT_KERNEL", raising=False)
+    assert P.default_policy() is P.DEFAULT_POLICY and P.DEFAULT_POLICY.direct_kernel == "cuda"
+    monkeypatch.setenv("PEERDCP_OUTPUT_KERNEL", "triton")
+    assert P.default_policy().direct_kernel == "triton" and P.DEFAULT_POLICY.direct_kernel == "cuda"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        P.DEFAULT_POLICY.cuda_opts = ()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        P.TUNING["cuda_opts"] = ()  # type: ignore[index]  # the former names: read-only views of the default
+    assert P.TUNING["cuda_sentinel_split"] == P.DEFAULT_POLICY.cuda_sentinel_split and R.TUNING is P.TUNING
+
+
+def test_policy_must_be_an_output_policy(pools):
+    res = pools(2).run(fns.construct, dict(HOST, policy={"cuda_opts": ()}))
+    assert all(r.get("error", "").startswith("TypeError: OutputReducer: policy must be") for r in res), res
 
 
 def test_breakdown_needs_a_cuda_reducer():
@@ -45,39 +64,45 @@ def test_breakdown_needs_a_cuda_reducer():
 
 def test_cuda_opts_validated_on_every_rank_and_ignored_by_triton(pools):
     for bad in [("fast",), "pdl", 3]:
-        res = pools(2).run(fns.construct_with_opts, HOST, bad)
+        res = pools(2).run(fns.construct, dict(HOST, policy=fns.policy_with(bad)))
         assert all(r.get("error", "").startswith("ValueError") and "cuda_opts" in r["error"] for r in res), res
-    res = pools(2).run(fns.construct_with_opts, HOST, ("tight_grid", "pdl"))
+    res = pools(2).run(fns.construct, dict(HOST, policy=fns.policy_with(("tight_grid", "pdl"))))
     assert all(r.get("kernel") == "triton" and r["cuda_opts"] == () for r in res), res
     for pair in [("ll128", "tight_grid"), ("chunked", "ll128"), ("chunked", "early_load")]:
-        res = pools(2).run(fns.construct_with_opts, HOST, pair)
+        res = pools(2).run(fns.construct, dict(HOST, policy=fns.policy_with(pair)))
         assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res)
-    res = pools(2).run(fns.construct_with_opts, HOST, ("split_roles",))
+    res = pools(2).run(fns.construct, dict(HOST, policy=fns.policy_with(("split_roles",))))
     assert all(r.get("error", "").startswith("ValueError") and "'chunked' only" in r["error"] for r in res), res
 
 
-def test_ll128_band(monkeypatch):
-    band = R.ll128_band
-    assert (R.TUNING["cuda_ll128_min_tokens"], R.TUNING["cuda_ll128_max_tokens"]) == (20, 0)  # the default: off
+def test_ll128_band():
+    band = P.ll128_band
+    d = P.DEFAULT_POLICY
+    assert (d.cuda_ll128_min_tokens, d.cuda_ll128_max_tokens) == (20, 0)  # the default: off
     assert band(None, ("pdl",), 256, 8, 16, 512) == (0, 0)
-    monkeypatch.setitem(R.TUNING, "cuda_ll128_max_tokens", 48)  # the band logic, with LL128's best band (20, 48]
-    assert band(None, ("pdl",), 256, 8, 16, 512) == (48, 20)
-    assert band(None, ("pdl",), 32, 8, 16, 512) == (32, 20)  # capped at max_tokens
-    assert band(None, ("pdl",), 16, 8, 16, 512) == (0, 0)  # max_tokens inside the LL128 floor: never used
-    assert band(0, ("pdl",), 256, 8, 16, 512) == (0, 0)  # off
-    assert band(64, (), 256, 64, 16, 512) == (0, 0)  # at or below the LL range
-    assert band(None, ("ll128",), 256, 8, 16, 512) == (256, 0)  # every T above the LL range
-    assert band(None, ("ll128", "pdl"), 256, 256, 16, 512) == (0, 0)  # LL at every T
-    assert band(None, ("tight_grid",), 256, 8, 16, 512) == (0, 0)
-    assert band(None, ("chunked",), 256, 8, 16, 512) == (0, 0)
-    assert band("48", (), 256, 8, 16, 512) == (0, 0) and band(None, (), 256, 8, "16", 512) == (0, 0)
+    on = dataclasses.replace(d, cuda_ll128_max_tokens=48)  # the band logic, with LL128's best band (20, 48]
+
+    def b(*args):
+        return band(*args, policy=on)
+
+    assert b(None, ("pdl",), 256, 8, 16, 512) == (48, 20)
+    assert b(None, ("pdl",), 32, 8, 16, 512) == (32, 20)  # capped at max_tokens
+    assert b(None, ("pdl",), 16, 8, 16, 512) == (0, 0)  # max_tokens inside the LL128 floor: never used
+    assert b(0, ("pdl",), 256, 8, 16, 512) == (0, 0)  # off
+    assert b(64, (), 256, 64, 16, 512) == (0, 0)  # at or below the LL range
+    assert b(None, ("ll128",), 256, 8, 16, 512) == (256, 0)  # every T above the LL range
+    assert b(None, ("ll128", "pdl"), 256, 256, 16, 512) == (0, 0)  # LL at every T
+    assert b(None, ("tight_grid",), 256, 8, 16, 512) == (0, 0)
+    assert b(None, ("chunked",), 256, 8, 16, 512) == (0, 0)
+    assert b("48", (), 256, 8, 16, 512) == (0, 0) and b(None, (), 256, 8, "16", 512) == (0, 0)
+    assert R.ll128_band is band  # still importable from its former module
 
 
 def test_ll128_max_tokens_validated_on_every_rank(pools):
     for bad, exc in ((-1, "ValueError"), ("8", "TypeError"), (True, "TypeError")):
-        res = pools(2).run(fns.construct_with_opts, dict(HOST, ll128_max_tokens=bad), ("pdl",))
+        res = pools(2).run(fns.construct, dict(HOST, ll128_max_tokens=bad, policy=fns.policy_with(("pdl",))))
         assert all(r.get("error", "").startswith(exc) and "ll128_max_tokens" in r["error"] for r in res), res
-    res = pools(2).run(fns.construct_with_opts, dict(HOST, ll128_max_tokens=4), ("pdl",))
+    res = pools(2).run(fns.construct, dict(HOST, ll128_max_tokens=4, policy=fns.policy_with(("pdl",))))
     assert all(r.get("kernel") == "triton" for r in res), res  # the Triton path has no LL128: ignored
 
 
@@ -188,15 +213,15 @@ def test_sentinel_split_table_in_bytes():
     """The default table splits the Kimi geometry (16 KiB per token) above T = 16 and switches at T = 160, 224
     and 384; a 32-head geometry (32 KiB per token) at half those T; a publisher count >= the grid means no
     split."""
-    table = R.TUNING["cuda_sentinel_split"]
+    table = P.DEFAULT_POLICY.cuda_sentinel_split
     assert table == ((1 << 18, 40, 1), (5 << 19, 36, 2), (7 << 19, 40, 2), (3 << 21, 44, 2))
     kimi = ((16, 40, 1), (160, 36, 2), (224, 40, 2), (384, 44, 2))
-    assert R.sentinel_split_tokens(table, 16 * 512 * 2, 264) == kimi
-    assert R.sentinel_split_tokens(table, 32 * 512 * 2, 264) == tuple((t // 2, n, u) for t, n, u in kimi)
-    assert R.sentinel_split_tokens(((0, 36, 1), (100, 300, 2)), 1000, 264) == ((0, 36, 1), (0, 0, 2))
+    assert P.sentinel_split_tokens(table, 16 * 512 * 2, 264) == kimi
+    assert P.sentinel_split_tokens(table, 32 * 512 * 2, 264) == tuple((t // 2, n, u) for t, n, u in kimi)
+    assert P.sentinel_split_tokens(((0, 36, 1), (100, 300, 2)), 1000, 264) == ((0, 36, 1), (0, 0, 2))
     for T in range(1, 300):  # T > b // k  <=>  T * k > b
         for b in (0, 1, 999, 1000, 1001, 65536, 1 << 20):
-            threshold = R.sentinel_split_tokens(((b, 1, 2),), 1000, 8)[0][0]
+            threshold = P.sentinel_split_tokens(((b, 1, 2),), 1000, 8)[0][0]
             assert (threshold < T) is (b < T * 1000)
 
 
@@ -216,12 +241,14 @@ def test_sentinel_tuning_validated_on_every_rank(pools):
     }
     for key, bads in bad_values.items():
         for bad in bads:
-            res = pools(2).run(fns.construct_with_opts, HOST, {"cuda_opts": ("sentinel",), key: bad})
+            res = pools(2).run(
+                fns.construct, dict(HOST, policy=fns.policy_with({"cuda_opts": ("sentinel",), key: bad}))
+            )
             assert all(r.get("error", "").startswith("ValueError") and key in r["error"] for r in res), res
     for pair in [("sentinel", "tight_grid"), ("sentinel", "chunked")]:
-        res = pools(2).run(fns.construct_with_opts, HOST, pair)
+        res = pools(2).run(fns.construct, dict(HOST, policy=fns.policy_with(pair)))
         assert all(r.get("error", "").startswith("ValueError") and "exclude each other" in r["error"] for r in res)
-    res = pools(2).run(fns.construct_with_opts, HOST, ("sentinel", "pdl"))
+    res = pools(2).run(fns.construct, dict(HOST, policy=fns.policy_with(("sentinel", "pdl"))))
     assert all(r.get("kernel") == "triton" and r["cuda_opts"] == () for r in res), res  # CPU: Triton, no variant
 
 
@@ -262,12 +289,12 @@ def test_gpu_opt_in_variants_agree(pools, opts, ll):
     many = [dict(T=(i * 37) % 64 + 1, return_lse=(i % 4 == 0)) for i in range(50)]
     pool = pools(2, GPU_BACKEND)
     for cs, seed in ((cases, 61), (many, 62)):
-        res = pool.run(fns.with_cuda_opts, opts, "run_cases", cfg, cs, seed)
+        res = pool.run(fns.run_cases, dict(cfg, policy=fns.policy_with(opts)), cs, seed)
         for rank, rows in enumerate(res):
             assert all(r["ok"] for r in rows), (rank, [r for r in rows if not r["ok"]][:3])
             assert rows[0]["kernel"] == "cuda" and "kernel variants" in rows[0]["reason"], rows[0]
     gcfg = {k: v for k, v in cfg.items()}
-    res = pool.run(fns.with_cuda_opts, opts, "graph_replays", gcfg, 20, 128, 3)
+    res = pool.run(fns.graph_replays, dict(gcfg, policy=fns.policy_with(opts)), 20, 128, 3)
     assert all(r["mismatches"] == 0 for r in res), res
 
 
@@ -278,5 +305,5 @@ def test_gpu_breakdown_leaves_protocol_consistent(pools, T, ll):
     if ll is not None:
         cfg["ll_max_tokens"] = ll
     # the breakdown masks exist in the build without PDL only (ops rejects them with pdl / early_load)
-    res = pools(2, GPU_BACKEND).run(fns.with_cuda_opts, (), "breakdown_then_full", cfg, T, 71)
+    res = pools(2, GPU_BACKEND).run(fns.breakdown_then_full, dict(cfg, policy=fns.policy_with(())), T, 71)
     assert all(r == {"instrumented": True, "full": True, "after": True} for r in res), res

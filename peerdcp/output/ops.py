@@ -23,7 +23,7 @@ MAX_WORLD = 8
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 # Opt-in kernel variants (``opts`` bits of the parameter block; see csrc/output/direct.cu). The default is
-# none of them; a reducer picks them from TUNING["cuda_opts"] at construction (agreed by every rank).
+# none of them; a reducer picks them from its policy's cuda_opts at construction (agreed by every rank).
 OPTS = {"tight_grid": 1, "early_load": 2, "pdl": 4, "ll128": 8, "chunked": 16, "split_roles": 32, "sentinel": 64}
 
 # Stage-breakdown bits (``stages``; benchmark only, never set by a public path; outputs are garbage).
@@ -245,7 +245,7 @@ def _set_breakdown_stages(reducer, stages: int) -> int:
     """BENCHMARK ONLY: make ``reducer``'s later CUDA launches skip the stages in ``stages`` (STAGE_* bits;
     0 restores the full kernel); returns the previous mask. Outputs are wrong while it is nonzero, and every
     rank must set the same mask before the same calls (a rank that waits for a stage its peer skipped would
-    time out). Not reachable from the public API: no constructor argument, no TUNING key, not in __all__;
+    time out). Not reachable from the public API: no constructor argument, no policy field, not in __all__;
     CUDA graphs captured meanwhile keep the mask they were captured with."""
     launcher = getattr(reducer, "_launch_cuda", None)
     if getattr(reducer, "kernel", None) != "cuda" or launcher is None:

@@ -85,8 +85,10 @@ Q_B2B = (QH + "test_50_back_to_back_calls_without_barrier",)
 
 K = "peerdcp/topk/kernels.py"
 S = "peerdcp/topk/selector.py"
+TC = "peerdcp/topk/candidates.py"
 O = "peerdcp/output/kernels.py"
 Q = "peerdcp/query/kernels.py"
+QR = "peerdcp/query/rows.py"
 KS = "peerdcp/_runtime/device.py"
 SENT = "peerdcp/output/sentinel.py"
 MRG = "csrc/topk/merge.cu"
@@ -115,7 +117,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("topk.keys.valid_len", K, "valid = m & (g < L)", "valid = m & (g <= L)", TOPK_SEL),
     Mutant(
         "topk.merge.logk_short",
-        S,
+        TC,
         "LOGK=k.bit_length(),",
         "LOGK=k.bit_length() - 1,",
         (
@@ -271,11 +273,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "ag_rs: Triton 3.6's interpreter widens bf16 subnormals wrongly",
     ),
     # ---------------------------------------------------------------- Query: FP8 / bf16 bits, RoPE, parity
-    Mutant("q.e4m3.saturate", Q, "((tl.minimum(a, 0x43E00000) + 0x7FFFF", "((a + 0x7FFFF", Q_HOST),
-    Mutant("q.e4m3.rne", Q, "+ 0x7FFFF + ((a >> 20) & 1)) >> 20)", "+ 0x80000) >> 20)", Q_HOST),
+    Mutant("q.e4m3.saturate", QR, "((tl.minimum(a, 0x43E00000) + 0x7FFFF", "((a + 0x7FFFF", Q_HOST),
+    Mutant("q.e4m3.rne", QR, "+ 0x7FFFF + ((a >> 20) & 1)) >> 20)", "+ 0x80000) >> 20)", Q_HOST),
     Mutant(
         "q.e4m3.inf_is_nan",
-        Q,
+        QR,
         "code = tl.where(a > 0x7F800000, 0x7F, code)",
         "code = tl.where(a >= 0x7F800000, 0x7F, code)",
         Q_HOST,
@@ -283,7 +285,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "q.e4m3.subnormal",
-        Q,
+        QR,
         "code_s = ((small * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)",
         "code_s = (small * 512.0).to(tl.int32)",
         Q_HOST,
@@ -307,10 +309,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "            x = x.to(tl.float32)\n",
         (QH + "test_bf16_subnormal_pe_exact_on_cpu", OUT + "test_bf16_subnormal_payloads_exact"),
     ),
-    Mutant("q.rope.sign", Q, "    y0 = x0 * c - x1 * s\n", "    y0 = x0 * c + x1 * s\n", Q_HOST),
+    Mutant("q.rope.sign", QR, "    y0 = x0 * c - x1 * s\n", "    y0 = x0 * c + x1 * s\n", Q_HOST),
     Mutant(
         "q.rope.neox_pairs",
-        Q,
+        QR,
         "    if NEOX:\n        x0, x1 = tl.split(tl.permute",
         "    if not NEOX:\n        x0, x1 = tl.split(tl.permute",
         Q_HOST,
@@ -575,7 +577,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "out.collective.no_record",
         "peerdcp/output/reducer.py",
-        'mechanism="output")\n        except PeerTimeoutError as e:\n            self._error = e\n',
+        'mechanism="output")\n        except PeerTimeoutError as e:\n            self._failure = e\n',
         'mechanism="output")\n        except PeerTimeoutError as e:\n            pass\n',
         (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-output-a2a]",),
     ),
@@ -590,7 +592,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "topk.collective.no_record",
         S,
         'mechanism="topk",\n                )\n            except PeerTimeoutError as e:\n'
-        "                self._error = e\n",
+        "                self._failure = e\n",
         'mechanism="topk",\n                )\n            except PeerTimeoutError as e:\n                pass\n',
         (COLL + "test_missing_peer_raises_timeout_not_torch_wait[2-1-topk]",),
     ),

@@ -18,7 +18,7 @@ context and 16-26 rows, where one-CTA selections take the merge by PDL):
 * ``rep_score`` / ``rep_pipe`` - replicated index-K: full scan (``indexer_logits``), then ``canonical_topk``;
 * ``sh_score`` / ``sh_pipe``   - owner-sharded: local scan, then ``TopK.select`` (local top-k + merge; on a GPU
   the selection kernel publishes the candidates itself, so no publish kernel runs there, unlike Part 1; the merge
-  launches with PDL where ``ops.merge_pdl``'s rule says so).
+  launches with PDL where ``policy.merge_pdl``'s rule says so).
   ``--publish-paths`` adds ``sh_pipe_kernel`` (the publish kernel instead: ``select_publish`` off) and
   ``sh_pipe_pdl`` (the merge always launched with PDL: ``select_merge_pdl`` True), timed in the same process.
   Targets: ``sh_score <= 1.1/W * rep_score``; index-K bytes per rank = 1/W of replicated.
@@ -49,10 +49,10 @@ each select is skipped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
-from unittest import mock
 
 import torch
 
@@ -103,7 +103,7 @@ def merge_rank(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     import peerdcp
-    from peerdcp.topk import ops as topk_ops
+    from peerdcp.topk.policy import DEFAULT_POLICY
 
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(cfg)
@@ -130,8 +130,8 @@ def merge_rank(cfg: dict) -> list[dict]:
                 for s in sets
             )
             for c in cfg.get("merge_ctas") or []:  # every forced CTA count gives the same ids
-                with mock.patch.dict(topk_ops.TUNING, {"cuda_merge_ctas_per_row": c}):
-                    exact = exact and all(torch.equal(tkd.merge(s), allgather_topk(s, W)) for s in sets)
+                tkc = tkd._with_policy(dataclasses.replace(DEFAULT_POLICY, cuda_merge_ctas_per_row=c))
+                exact = exact and all(torch.equal(tkc.merge(s), allgather_topk(s, W)) for s in sets)
             row = {"rows": T, "exact": exact, "memory": tkd.memory, "merge": tkd.merge_impl}
             ops = {
                 "direct": lambda i: tkd.merge(sets[i % 4]),
@@ -161,10 +161,7 @@ def merge_rank(cfg: dict) -> list[dict]:
 
 
 def _merge_with_ctas(tk, sets: list, scratch: torch.Tensor, ctas: int, i: int) -> None:
-    from peerdcp.topk import ops
-
-    with mock.patch.dict(ops.TUNING, {"cuda_merge_ctas_per_row": ctas}):
-        tk._merge_inbox(sets[i % 4], scratch)
+    tk._merge_inbox(sets[i % 4], scratch, launch_grid=(ctas, 0))  # the cut-off mode with ctas CTAs per row
 
 
 # ----------------------------------------------------------------------------------------- part 2
@@ -266,17 +263,21 @@ def indexer_rank(cfg: dict) -> list[dict]:
                     ):
                         row[name] = _time(cfg, fn)
                     if cfg.get("publish_paths"):  # TopK.select's other paths, timed for RESULTS.md
-                        from peerdcp.topk import ops as topk_ops
+                        from peerdcp.topk.policy import DEFAULT_POLICY
 
                         for name, tune in (
                             ("sh_pipe_kernel", {"select_publish": False}),
                             ("sh_pipe_pdl", {"select_merge_pdl": True}),
                         ):
-                            with mock.patch.dict(topk_ops.TUNING, tune):
-                                row["exact"] = row["exact"] and all(
-                                    torch.equal(rep_pipe(j), sh_pipe(j)) for j in range(nsets)
-                                )
-                                row[name] = _time(cfg, sh_pipe)
+                            tkp = tk._with_policy(dataclasses.replace(DEFAULT_POLICY, **tune))
+
+                            def path_pipe(i, lens=lens, sh_score=sh_score, tkp=tkp):
+                                return tkp.select(sh_score(i), lens)
+
+                            row["exact"] = row["exact"] and all(
+                                torch.equal(rep_pipe(j), path_pipe(j)) for j in range(nsets)
+                            )
+                            row[name] = _time(cfg, path_pipe)
                     row["empty"] = empty
                     row["score_ratio"] = row["sh_score"] / row["rep_score"]
                     row["score_target"] = 1.1 / W
@@ -311,8 +312,8 @@ def _local_scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.de
 def local_rank(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
-    from peerdcp.topk import ops as topk_ops
-    from peerdcp.topk.selector import _local_keys
+    from peerdcp.topk import policy as pol
+    from peerdcp.topk.candidates import _local_keys
 
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(cfg)
@@ -324,20 +325,21 @@ def local_rank(cfg: dict) -> list[dict]:
             logits = [_local_scores(kind, T, Lloc, gen, dev) for _ in range(nsets)]
             lens = torch.full((T,), Lloc * W, dtype=torch.int64, device=dev)  # this rank owns Lloc of them
 
-            def fn(i, logits=logits, lens=lens, n=nsets):
-                return _local_keys(logits[i % n], lens, K, r, W, 1, *cfg.get("local_force", (0, 0)))
+            def fn(i, logits=logits, lens=lens, n=nsets, policy=None):
+                force = cfg.get("local_force", (0, 0))
+                return _local_keys(logits[i % n], lens, K, r, W, 1, *force, policy=policy)
 
-            with mock.patch.dict(topk_ops.TUNING, {"local_select": "torch"}):
-                want = [fn(j) for j in range(nsets)]
-                t_torch = _time(cfg, fn)
+            torch_fn = functools.partial(fn, policy=dataclasses.replace(pol.DEFAULT_POLICY, local_select="torch"))
+            want = [torch_fn(j) for j in range(nsets)]
+            t_torch = _time(cfg, torch_fn)
             exact = all(torch.equal(fn(j), want[j]) for j in range(nsets))
             t_cuda = _time(cfg, fn)
             ctas, t_one = 1, t_cuda
             if dev.type == "cuda":  # the same kernel with one CTA per row (the rule's choice before clusters)
-                ctas = topk_ops.select_ctas(T, dev.index, Lloc)
-                with mock.patch.dict(topk_ops.TUNING, {"select_ctas": 1}):
-                    exact = exact and all(torch.equal(fn(j), want[j]) for j in range(nsets))
-                    t_one = _time(cfg, fn)
+                ctas = pol.select_ctas(T, dev.index, Lloc)
+                one_fn = functools.partial(fn, policy=dataclasses.replace(pol.DEFAULT_POLICY, select_ctas=1))
+                exact = exact and all(torch.equal(one_fn(j), want[j]) for j in range(nsets))
+                t_one = _time(cfg, one_fn)
             out.append(
                 {"local_len": Lloc, "rows": T, "exact": exact, "ctas": ctas, "cuda": t_cuda, "cuda_1cta": t_one,
                  "torch": t_torch, "speedup": t_torch / t_cuda}

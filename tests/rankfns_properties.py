@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from peerdcp.topk import reference as ref
-from peerdcp.topk.selector import canonical_topk
+from peerdcp.topk.candidates import canonical_topk
 
 
 def topk_matches_bruteforce(logits: list[list[float]], lens: list[int], k: int) -> tuple[bool, str]:

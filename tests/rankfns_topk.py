@@ -13,7 +13,6 @@ import hashlib
 import os
 import random
 import time
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -176,17 +175,20 @@ def back_to_back(
     rank picks, per call and independently of the others, ``select()`` with the publish in the selection kernel
     (the GPU default), ``select()`` with the publish kernel (``select_publish`` off), or ``local_candidates()``
     then ``merge()``. ``merge_pdl``: ``select()``'s merge kernel launches with PDL (``select_merge_pdl``)."""
-    from peerdcp.topk import ops
+    from dataclasses import replace
+
+    from peerdcp.topk.policy import DEFAULT_POLICY
 
     W, r = dist.get_world_size(), dist.get_rank()
     dev = _device(device)
     rng = random.Random(seed * 31 + r)  # per-rank delays: the ranks drift apart
     plan = random.Random(seed)  # shared plan: every rank makes the same calls
     results, expects = [], []
-    with (
-        peerdcp.TopK(max_rows=max_rows, topk=K, memory=memory, interleave=I, device=dev, merge_impl=merge_impl) as tk,
-        mock.patch.dict(ops.TUNING, {"select_merge_pdl": merge_pdl}),
-    ):
+    policy = replace(DEFAULT_POLICY, select_merge_pdl=merge_pdl)
+    kw = dict(max_rows=max_rows, topk=K, memory=memory, interleave=I, device=dev, merge_impl=merge_impl)
+    # path 1: the same object's state and buffer, seen through an object whose policy has select_publish off
+    with peerdcp.TopK(**kw, policy=policy) as tk:
+        no_pub = tk._with_policy(replace(policy, select_publish=False))
         for i in range(n):
             T = plan.randint(1, max_rows + 1)  # max_rows + 1 -> the allgather path, mixed in
             lens = torch.tensor([plan.choice((0, 1, K - 1, K, 3 * K, 7 * K + 3)) for _ in range(T)])
@@ -196,8 +198,7 @@ def back_to_back(
             if path == 0:
                 results.append(tk.select(local, lens.to(dev)))
             elif path == 1:
-                with mock.patch.dict(ops.TUNING, {"select_publish": False}):
-                    results.append(tk.select(local, lens.to(dev)))
+                results.append(no_pub.select(local, lens.to(dev)))
             else:
                 results.append(tk.merge(tk.local_candidates(local, lens.to(dev))))
             expects.append((gl, lens))
@@ -445,33 +446,26 @@ def scoring(
     tuning: dict | None = None,
     lens_dtype: torch.dtype = torch.int64,
 ) -> dict:
-    """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (PEERDCP_INDEXER_UPCAST=1), ``npage``
-    the GPU kernel's pages per program (``TUNING["scan_npage"]``; 0 = the policy's), ``tuning`` more
-    ``cache.TUNING`` entries, ``lens_dtype`` the dtype of every ``seq_lens`` passed (int32 or int64).
+    """See :func:`_scoring`; ``upcast`` forces the fp16 fallback path (``TopKPolicy.scan_upcast``), ``npage``
+    the GPU kernel's pages per program (``scan_npage``; 0 = the policy's rule), ``tuning`` more ``TopKPolicy``
+    fields, ``lens_dtype`` the dtype of every ``seq_lens`` passed (int32 or int64).
     ``cuda_calls``: launches of the CUDA scan (``ops.score``) the case made."""
+    from dataclasses import replace
     from unittest import mock
 
-    from peerdcp.topk import cache as cache_mod
     from peerdcp.topk import ops
+    from peerdcp.topk.policy import DEFAULT_POLICY
 
-    old = os.environ.get("PEERDCP_INDEXER_UPCAST")
-    os.environ["PEERDCP_INDEXER_UPCAST"] = "1" if upcast else "0"
-    try:
-        with (
-            mock.patch.dict(cache_mod.TUNING, {"scan_npage": npage, **(tuning or {})}),
-            mock.patch.object(ops, "score", wraps=ops.score) as spy,
-        ):
-            res = _scoring(H, D, P, I, seed, device, lens_dtype)
-            res["cuda_calls"] = spy.call_count
-            return res
-    finally:
-        if old is None:
-            del os.environ["PEERDCP_INDEXER_UPCAST"]
-        else:
-            os.environ["PEERDCP_INDEXER_UPCAST"] = old
+    policy = replace(DEFAULT_POLICY, scan_upcast=upcast, scan_npage=npage, **(tuning or {}))
+    with mock.patch.object(ops, "score", wraps=ops.score) as spy:
+        res = _scoring(H, D, P, I, seed, device, lens_dtype, policy)
+        res["cuda_calls"] = spy.call_count
+        return res
 
 
-def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype: torch.dtype = torch.int64) -> dict:
+def _scoring(
+    H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype: torch.dtype = torch.int64, policy=None
+) -> dict:
     """indexer_logits against the fp64 reference, owner-sharded and replicated, with MTP rows and a block
     table over two sequences; sharded scores must equal the replicated kernel's bit for bit.
 
@@ -509,7 +503,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype:
         npg = -(-ref.local_length(max(S), 0, W, I) // P) if c.sharded else -(-max(S) // P)
         table = c.block_table(torch.tensor([starts[s] for s in row_seq], device=dev), npg)
         out = peerdcp.topk.indexer_logits(
-            q.to(dev), w.to(dev), c, row_len.to(dev, lens_dtype), block_table=table, max_seq_len=max(S)
+            q.to(dev), w.to(dev), c, row_len.to(dev, lens_dtype), block_table=table, max_seq_len=max(S), policy=policy
         ).cpu()
         outs[lay] = out
         ok_vals, ok_mask, worst = True, True, 0.0
@@ -540,7 +534,7 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype:
     c = caches["replicated"]
     narrow = c.block_table(torch.tensor([starts[s] for s in row_seq], device=dev), 2)
     o3 = peerdcp.topk.indexer_logits(
-        q.to(dev), w.to(dev), c, row_len.to(dev, lens_dtype), block_table=narrow, max_seq_len=max(S)
+        q.to(dev), w.to(dev), c, row_len.to(dev, lens_dtype), block_table=narrow, max_seq_len=max(S), policy=policy
     ).cpu()
     cut = 2 * P
     res["narrow_table"] = (
@@ -551,7 +545,9 @@ def _scoring(H: int, D: int, P: int, I: int, seed: int, device: str, lens_dtype:
     # default addressing (no block table, one sequence at slot 0, max_seq_len from seq_lens)
     c = caches["owner_sharded"]
     lens0 = torch.tensor([300, 298])
-    o2 = peerdcp.topk.indexer_logits(q[[2, 0]].to(dev), w[[2, 0]].to(dev), c, lens0.to(dev, lens_dtype)).cpu()
+    o2 = peerdcp.topk.indexer_logits(
+        q[[2, 0]].to(dev), w[[2, 0]].to(dev), c, lens0.to(dev, lens_dtype), policy=policy
+    ).cpu()
     n2 = o2.shape[1]
     res["no_table"] = o2.shape[1] == ref.local_length(300, 0, W, I) and bool(
         torch.equal(o2.view(torch.int32), sh[[2, 0], :n2].view(torch.int32))
@@ -649,16 +645,17 @@ def graph_exactness(
 
 
 def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
-    """The scoring kernel launched with programmatic dependent launch (``TUNING["scan_pdl"]`` 1 and 2) against
+    """The scoring kernel launched with programmatic dependent launch (``TopKPolicy.scan_pdl`` 1 and 2) against
     the same kernel without it, bit for bit: eager, and in one CUDA graph where the calls run back to back (each
     PDL call may start while the previous one drains) with a cache write between two of them (the later calls
     must see the token it adds). Outputs are poisoned (NaN) before each replay. ``backend`` is
-    ``TUNING["scan_backend"]``: with "cuda" (no PDL option) the same checks hold the CUDA scan's graph replays
+    ``TopKPolicy.scan_backend``: with "cuda" (no PDL option) the same checks hold the CUDA scan's graph replays
     to its eager calls."""
+    from dataclasses import replace
     from unittest import mock
 
-    from peerdcp.topk import cache as cache_mod
     from peerdcp.topk import ops
+    from peerdcp.topk.policy import DEFAULT_POLICY
 
     dev = _device("cuda")
     W, r = dist.get_world_size(), dist.get_rank()
@@ -676,12 +673,14 @@ def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
     mid = calls // 2
     new_slot, new_k, new_s = torch.tensor([S], device=dev), kk[S:].to(dev), ksc[S:].to(dev)
 
-    def chain() -> list[torch.Tensor]:
+    def chain(pdl: int) -> list[torch.Tensor]:
+        policy = replace(DEFAULT_POLICY, scan_pdl=pdl, scan_backend=backend)
         outs = []
         for i in range(calls):
             if i == mid:  # the new token lands between two scoring calls
                 c.write(new_slot, new_k, new_s)
-            outs.append(peerdcp.topk.indexer_logits(qs[i], w, c, lens, block_table=table, max_seq_len=S + 1))
+            il = peerdcp.topk.indexer_logits
+            outs.append(il(qs[i], w, c, lens, block_table=table, max_seq_len=S + 1, policy=policy))
         return outs
 
     def reset() -> None:  # the token at S back to "not written yet" (zero key, zero scale)
@@ -689,11 +688,8 @@ def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
 
     snapshot = c.storage.view(-1).clone()
     res = {}
-    with (
-        mock.patch.dict(cache_mod.TUNING, {"scan_pdl": 0, "scan_backend": backend}),
-        mock.patch.object(ops, "score", wraps=ops.score) as spy,
-    ):
-        want = [o.clone() for o in chain()]
+    with mock.patch.object(ops, "score", wraps=ops.score) as spy:
+        want = [o.clone() for o in chain(0)]
     res["cuda_launches"] = spy.call_count  # the kernel the chain really ran: CUDA scan launches of the eager chain
     torch.cuda.synchronize()
     # the new token (rank owning slot S) scores nonzero in the calls after the write, zero before
@@ -701,40 +697,39 @@ def scoring_pdl(seed: int, calls: int = 6, backend: str = "triton") -> dict:
     row = ref.local_row(torch.tensor(S), W, 1).item()
     res["new_token_seen"] = (not own) or bool((want[mid][:, row] != 0).any() and (want[mid - 1][:, row] == 0).all())
     for mode in (1, 2):
-        with mock.patch.dict(cache_mod.TUNING, {"scan_pdl": mode, "scan_backend": backend}):
+        reset()
+        got = chain(mode)
+        torch.cuda.synchronize()
+        res[f"eager{mode}"] = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(want, got))
+        reset()
+        chain(mode)  # compile / warm outside the capture
+        reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = chain(mode)
+        ok = True
+        for _ in range(3):
             reset()
-            got = chain()
+            for o in outs:
+                o.fill_(float("nan"))
+            graph.replay()
             torch.cuda.synchronize()
-            res[f"eager{mode}"] = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(want, got))
-            reset()
-            chain()  # compile / warm outside the capture
-            reset()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = chain()
-            ok = True
-            for _ in range(3):
-                reset()
-                for o in outs:
-                    o.fill_(float("nan"))
-                graph.replay()
-                torch.cuda.synchronize()
-                ok &= all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(want, outs))
-            res[f"graph{mode}"] = ok
-            del graph, outs
+            ok &= all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(want, outs))
+        res[f"graph{mode}"] = ok
+        del graph, outs
     c.close()
     return res
 
 
 def scoring_register_cap(seed: int) -> dict:
-    """The scoring kernel with ``TUNING["scan_maxnreg"]`` at 64 (the library's) against the uncapped kernel, bit for
+    """The scoring kernel with ``TopKPolicy.scan_maxnreg`` at 64 (the library's) against the uncapped kernel, bit for
     bit, for head counts whose tile is 64 (capped: 32, 64) and wider (not capped: 128, 200), at row counts and
     lengths that take the one-page, small, wave-fill and large pages-per-program rules. Each output is poisoned (NaN)
     once copied, so a block the allocator hands to the next call holds no earlier scores. Returns ``{H: [per case:
     bit-equal and some score finite]}`` (the fp64 reference checks are the pages-per-program tests')."""
-    from unittest import mock
+    from dataclasses import replace
 
-    from peerdcp.topk import cache as cache_mod
+    from peerdcp.topk.policy import DEFAULT_POLICY
 
     dev = _device("cuda")
     W = dist.get_world_size()
@@ -755,10 +750,10 @@ def scoring_register_cap(seed: int) -> dict:
             table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
             outs = []
             for cap in (64, 0):
-                with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": cap, "scan_backend": "triton"}):
-                    o = peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=L)
-                    outs.append(o.view(torch.int32).clone())
-                    o.fill_(float("nan"))  # the allocator may hand this block to the next call: poison it
+                policy = replace(DEFAULT_POLICY, scan_maxnreg=cap, scan_backend="triton")
+                o = peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=L, policy=policy)
+                outs.append(o.view(torch.int32).clone())
+                o.fill_(float("nan"))  # the allocator may hand this block to the next call: poison it
             ok.append(bool(torch.equal(outs[0], outs[1])) and bool(torch.isfinite(outs[0].view(torch.float32)).any()))
         res[H] = ok
     c.close()
@@ -770,9 +765,11 @@ def scoring_refused_cap(seed: int) -> dict:
     bits as ``scan_maxnreg`` = 0, one warning, the FP8 path kept (not the fp16 one) - with the module's compile
     memos empty as on a first call."""
     import warnings
+    from dataclasses import replace
     from unittest import mock
 
-    from peerdcp.topk import cache as cache_mod
+    from peerdcp.topk import scorer as scorer_mod
+    from peerdcp.topk.policy import DEFAULT_POLICY
 
     dev = _device("cuda")
     W = dist.get_world_size()
@@ -788,29 +785,29 @@ def scoring_refused_cap(seed: int) -> dict:
     npg = -(-ref.local_length(S, 0, W, 1) // c.page_size)
     table = c.block_table(torch.zeros(T, dtype=torch.int64, device=dev), npg)
 
-    def score() -> torch.Tensor:
-        return peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=S).view(torch.int32).clone()
+    def score(cap: int) -> torch.Tensor:
+        policy = replace(DEFAULT_POLICY, scan_maxnreg=cap, scan_backend="triton")
+        out = peerdcp.topk.indexer_logits(q, w, c, lens, block_table=table, max_seq_len=S, policy=policy)
+        return out.view(torch.int32).clone()
 
-    with mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 0, "scan_backend": "triton"}):
-        want = score()
+    want = score(0)
     key = (dev.index, 64)
     with (
-        mock.patch.object(cache_mod, "_UPCAST", {}),
-        mock.patch.object(cache_mod, "_UNCAPPED", set()),
-        mock.patch.dict(cache_mod.TUNING, {"scan_maxnreg": 32, "scan_backend": "triton"}),
+        mock.patch.object(scorer_mod, "_UPCAST", {}),
+        mock.patch.object(scorer_mod, "_UNCAPPED", set()),
     ):
         with warnings.catch_warnings(record=True) as first:
             warnings.simplefilter("always")
-            got1 = score()
+            got1 = score(32)
         with warnings.catch_warnings(record=True) as second:
             warnings.simplefilter("always")
-            got2 = score()
+            got2 = score(32)
         ours = [[str(x.message) for x in ws if "indexer_logits" in str(x.message)] for ws in (first, second)]
         res = {
             "same_bits": bool(torch.equal(got1, want)) and bool(torch.equal(got2, want)),
             "warned_once": len(ours[0]) == 1 and "register cap refused" in ours[0][0] and not ours[1],
-            "fp8_kept": cache_mod._UPCAST.get(key) is False,
-            "uncapped_noted": key in cache_mod._UNCAPPED,
+            "fp8_kept": scorer_mod._UPCAST.get(key) is False,
+            "uncapped_noted": key in scorer_mod._UNCAPPED,
         }
     c.close()
     return res

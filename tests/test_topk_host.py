@@ -9,10 +9,13 @@ scoring kernel against the fp64 reference; the whole sharded pipeline against th
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import rankfns_topk as fns
 import torch
 
+from peerdcp._runtime.jit import nvcc_path
 from peerdcp.topk import reference as ref
 
 # an empty row right after a row of >> k tokens: a merge store one past its row would land in that row's -1s
@@ -220,27 +223,28 @@ def test_cuda_scan_backend_rule():
     """ "auto" takes the CUDA scan at every row count with <= 32 heads and from 3 query rows on with more (the choice
     never looks at the cache's layout, so both layouts of the same rows take the same kernel); "cuda" / "triton"
     force it; one int for ``cuda_scan_min_rows`` holds for both head tiles."""
-    from unittest import mock
+    from dataclasses import replace
 
-    from peerdcp.topk import cache
+    from peerdcp.topk import policy as pol
 
-    assert [cache._cuda_scan_wanted(r, 32) for r in (1, 2, 3)] == [True, True, True]
-    assert [cache._cuda_scan_wanted(r, 64) for r in (1, 2, 3, 128)] == [False, False, True, True]
-    assert cache._cuda_scan_wanted(1, 8) and not cache._cuda_scan_wanted(2, 33)
-    with mock.patch.dict(cache.TUNING, {"cuda_scan_min_rows": 4}):
-        assert [cache._cuda_scan_wanted(r, h) for r in (3, 4) for h in (32, 64)] == [False, False, True, True]
+    wanted = pol.cuda_scan_wanted
+    assert [wanted(r, 32) for r in (1, 2, 3)] == [True, True, True]
+    assert [wanted(r, 64) for r in (1, 2, 3, 128)] == [False, False, True, True]
+    assert wanted(1, 8) and not wanted(2, 33)
+    p = replace(pol.DEFAULT_POLICY, cuda_scan_min_rows=4)
+    assert [wanted(r, h, policy=p) for r in (3, 4) for h in (32, 64)] == [False, False, True, True]
     for backend, want in (("cuda", True), ("triton", False)):
-        with mock.patch.dict(cache.TUNING, {"scan_backend": backend}):
-            assert all(cache._cuda_scan_wanted(r, h) is want for r in (1, 4) for h in (32, 64))
+        p = replace(pol.DEFAULT_POLICY, scan_backend=backend)
+        assert all(wanted(r, h, policy=p) is want for r in (1, 4) for h in (32, 64))
 
 
 def test_scan_npage_policy():
     """``_scan_npage`` follows its documented rule (checked against a brute-force reading of the rule for every
     shape of a grid), always returns a candidate, and with the 1 / 4 / 16-page settings reproduces the ladder loop
     that multiplies the pages by 4 while 8 programs per SM remain."""
-    from unittest import mock
+    from dataclasses import asdict, replace
 
-    from peerdcp.topk import cache
+    from peerdcp.topk import policy as pol
 
     def rule(T, pages, sms, group, t):
         cands = sorted(n * group for n in t["scan_npages"])
@@ -268,14 +272,14 @@ def test_scan_npage_policy():
 
     shapes = [(T, p, s, g) for T in (1, 2, 3, 8, 33, 128) for p in (1, 5, 64, 256, 1024, 2048) for s in (1, 78, 132)
               for g in (1, 2)]  # fmt: skip
-    t = cache.TUNING
+    t = asdict(pol.DEFAULT_POLICY)
     for T, p, s, g in shapes:
-        got = cache._scan_npage(T, p, s, g)
+        got = pol.scan_npage(T, p, s, g)
         want = rule(T, p, s, g, t)
         assert got == want and got in [n * g for n in (*t["scan_npages"], *t["scan_wave_npages"])], (T, p, s, g, got)
     old = {"scan_npages": (1, 4, 16), "scan_min_programs_per_sm": 8, "scan_min_programs_per_sm_small": 8}
-    with mock.patch.dict(cache.TUNING, {**old, "scan_wave_npages": ()}):
-        assert all(cache._scan_npage(*x) == ladder(*x) for x in shapes)
+    ladder_policy = replace(pol.DEFAULT_POLICY, **old, scan_wave_npages=())
+    assert all(pol.scan_npage(*x, policy=ladder_policy) == ladder(*x) for x in shapes)
     # the benchmark's shapes on H200 (132 SMs): (rows, pages) -> pages per program. With the register cap (8
     # resident per SM): 8 pages at every mid size, 2 at 8 x 512 - at 8 and 32 rows the fastest of 2 and 4-16.
     # Uncapped (7 resident per SM), the wave-fill rule with 7 and 9 among its candidates: 32 rows x 256 pages (32K
@@ -283,75 +287,77 @@ def test_scan_npage_policy():
     # replicated) 5.
     shapes = ((1, 512), (8, 256), (1, 1024), (64, 512), (32, 1024), (32, 256), (32, 512), (64, 256), (8, 1024),
               (8, 2048), (8, 512))  # fmt: skip
-    assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 8, 8, 8, 8, 8, 2]
-    with mock.patch.dict(cache.TUNING, {"scan_resident_per_sm": 7}):  # the uncapped kernel
-        assert [cache._scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
+    assert [pol.scan_npage(T, p, 132, 1) for T, p in shapes] == [1, 2, 2, 8, 8, 8, 8, 8, 8, 8, 2]
+    uncapped = replace(pol.DEFAULT_POLICY, scan_resident_per_sm=7)  # the uncapped kernel
+    assert [pol.scan_npage(T, p, 132, 1, policy=uncapped) for T, p in shapes] == [1, 2, 2, 8, 8, 10, 9, 6, 9, 9, 5]
 
 
 def test_merge_pdl_rule():
     """``TopK.select``'s merge launches with PDL ("auto") only while the selection's CTAs and the merge's fit on the
     SMs together (merge CTAs one per SM after clustered selections, as many as an SM holds after one-CTA ones); a
-    bool in ``TUNING["select_merge_pdl"]`` forces it either way."""
+    bool in ``TopKPolicy.select_merge_pdl`` forces it either way."""
+    from dataclasses import replace
     from unittest import mock
 
     from peerdcp.topk import ops
+    from peerdcp.topk import policy as pol
 
     resident = {8: 16, 4: 33, 2: 66}  # clusters of each size resident at once (made up)
     with (
         mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]),
         mock.patch.object(ops, "max_keys", lambda device: 29056),  # H200's 227 KiB of shared memory, in keys
-        mock.patch.object(ops, "num_sms", lambda device: 132),
+        mock.patch.object(pol, "num_sms", lambda device: 132),
     ):
         # W = 2, k = 2048: the merge takes 8 CTAs per row (place-all); rows of 16K scores a cluster of 8 per row
         # up to 16 rows: 1 row 8 + 8 CTAs, 8 rows 64 + 64 (fits), 16 rows 128 + 128 (does not)
-        assert [ops.merge_pdl(T, 2, 2048, 0, 16384) for T in (1, 2, 8, 16, 32, 128)] == [True] * 3 + [False] * 3
+        assert [pol.merge_pdl(T, 2, 2048, 0, 16384) for T in (1, 2, 8, 16, 32, 128)] == [True] * 3 + [False] * 3
         # W = 4: 16 merge CTAs per row: 4 rows 32 + 64 fit, 8 rows 64 + 128 do not
-        assert [ops.merge_pdl(T, 4, 2048, 0, 65536) for T in (1, 4, 8)] == [True, True, False]
+        assert [pol.merge_pdl(T, 4, 2048, 0, 65536) for T in (1, 4, 8)] == [True, True, False]
         # rows of <= 4096 scores take one selection CTA, and the merge's CTAs count two to an SM (shared memory
         # allows it up to W * k = 14528 keys): W = 2, 8 per row, 26 rows 26 + 104 / 2 SMs fit, 27 rows 27 + 108 / 2 do
         # not; W = 4, 16 per row, 14 rows 14 + 224 / 2 fit, 15 rows 15 + 240 / 2 do not
-        assert [ops.merge_pdl(T, 2, 2048, 0, 4096) for T in (14, 15, 26, 27)] == [True, True, True, False]
-        assert [ops.merge_pdl(T, 4, 2048, 0, 4096) for T in (8, 14, 15)] == [True, True, False]
+        assert [pol.merge_pdl(T, 2, 2048, 0, 4096) for T in (14, 15, 26, 27)] == [True, True, True, False]
+        assert [pol.merge_pdl(T, 4, 2048, 0, 4096) for T in (8, 14, 15)] == [True, True, False]
         # W = 8: one merge CTA per SM (16384 keys take over half): 4 rows 4 + 4 * 32 fit, 5 rows 5 + 5 * 26 do not
-        assert ops.merge_ctas_per_sm(8, 2048, 0) == 1 and ops.merge_ctas_per_sm(4, 2048, 0) == 2
-        assert [ops.merge_pdl(T, 8, 2048, 0, 4096) for T in (4, 5)] == [True, False]
+        assert pol.merge_ctas_per_sm(8, 2048, 0) == 1 and pol.merge_ctas_per_sm(4, 2048, 0) == 2
+        assert [pol.merge_pdl(T, 8, 2048, 0, 4096) for T in (4, 5)] == [True, False]
         # the merge's grid passed in (TopK.select computes it once for the rule and the launch) decides alike
         for T, W, length in ((8, 2, 16384), (16, 2, 16384), (4, 4, 65536), (8, 4, 65536), (14, 2, 4096)):
-            g = ops.grid(T, W, 2048, 0)
-            assert ops.merge_pdl(T, W, 2048, 0, length, launch_grid=g) == ops.merge_pdl(T, W, 2048, 0, length)
-        assert ops.merge_pdl(8, 2, 2048, 0, 16384, launch_grid=(9, 1)) is False  # 64 + 72 CTAs: from the grid given
+            g = pol.grid(T, W, 2048, 0)
+            assert pol.merge_pdl(T, W, 2048, 0, length, launch_grid=g) == pol.merge_pdl(T, W, 2048, 0, length)
+        assert pol.merge_pdl(8, 2, 2048, 0, 16384, launch_grid=(9, 1)) is False  # 64 + 72 CTAs: from the grid given
         for forced in (True, False):
-            with mock.patch.dict(ops.TUNING, {"select_merge_pdl": forced}):
-                assert ops.merge_pdl(1, 2, 2048, 0, 16384) is forced
-                assert ops.merge_pdl(128, 4, 2048, 0, 16384) is forced
+            p = replace(pol.DEFAULT_POLICY, select_merge_pdl=forced)
+            assert pol.merge_pdl(1, 2, 2048, 0, 16384, policy=p) is forced
+            assert pol.merge_pdl(128, 4, 2048, 0, 16384, policy=p) is forced
 
 
 def test_select_ctas_rule():
     """CTAs per row of the CUDA selection: the largest of 8, 4, 2 whose clusters are all resident at once (the
     occupancy query; -1, a failed query, never qualifies) if it spares each CTA more than 8192 of the row's scores,
-    else 1; a forced ``TUNING["select_ctas"]`` is clamped to 1 .. 8."""
+    else 1; a forced ``TopKPolicy.select_ctas`` is clamped to 1 .. 8."""
+    from dataclasses import replace
     from unittest import mock
 
     from peerdcp.topk import ops
+    from peerdcp.topk import policy as pol
 
     resident = {8: 14, 4: 30, 2: 64}  # clusters of each size resident at once (made up)
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):
-        got = [ops.select_ctas(rows, 0) for rows in (0, 1, 14, 15, 30, 31, 64, 65, 512)]
+        got = [pol.select_ctas(rows, 0) for rows in (0, 1, 14, 15, 30, 31, 64, 65, 512)]
         assert got == [8, 8, 8, 4, 4, 2, 2, 1, 1]
-        got = [ops.select_ctas(1, 0, length) for length in (1, 4096, 8192, 9362, 9363, 131072)]
+        got = [pol.select_ctas(1, 0, length) for length in (1, 4096, 8192, 9362, 9363, 131072)]
         assert got == [1, 1, 1, 1, 8, 8]  # C = 8 spares 7/8 of the row: more than 8192 from 9363 scores on
-        got = [ops.select_ctas(15, 0, length) for length in (10922, 10923, 131072)]
+        got = [pol.select_ctas(15, 0, length) for length in (10922, 10923, 131072)]
         assert got == [1, 4, 4]  # C = 4 (15 rows): 3/4 of the row
-        got = [ops.select_ctas(31, 0, length) for length in (16384, 16385, 131072)]
+        got = [pol.select_ctas(31, 0, length) for length in (16384, 16385, 131072)]
         assert got == [1, 2, 2]  # C = 2 (31 rows): half the row
-        assert ops.select_ctas(65, 0, 131072) == 1  # no cluster size resident for 65 rows
+        assert pol.select_ctas(65, 0, 131072) == 1  # no cluster size resident for 65 rows
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: -1):
-        assert ops.select_ctas(1, 0) == 1
+        assert pol.select_ctas(1, 0) == 1
     with mock.patch.object(ops, "max_select_clusters", lambda c, device: resident[c]):
-        with mock.patch.dict(ops.TUNING, {"select_ctas": 3}):
-            assert ops.select_ctas(1, 0) == 3
-        with mock.patch.dict(ops.TUNING, {"select_ctas": 99}):
-            assert ops.select_ctas(1000, 0) == 8
+        assert pol.select_ctas(1, 0, policy=replace(pol.DEFAULT_POLICY, select_ctas=3)) == 3
+        assert pol.select_ctas(1000, 0, policy=replace(pol.DEFAULT_POLICY, select_ctas=99)) == 8
 
 
 def test_audit_inputs_raise(pools):
@@ -364,3 +370,36 @@ def test_audit_inputs_raise(pools):
         assert "contiguous" in r["canonical_topk column lens"], r
         assert "seq_align" in r["block_table start off alignment"], r
         assert table.startswith("[["), table
+
+
+@pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja to build")
+def test_c_entry_points_refuse_a_parameter_block_of_another_size():
+    """Every Top-K launch entry point takes its parameter block and its size: a block of another size or none is
+    refused with cudaErrorInvalidValue (1) before anything touches CUDA, bad geometry too, and T = 0 launches
+    nothing. ``load`` / ``load_score`` checked the C sizes against the ctypes mirrors."""
+    import ctypes
+
+    from peerdcp.topk import ops
+
+    invalid = 1
+    merge, select = ops.TopkMergeParams(), ops.TopkSelectParams()
+    merge.W, merge.K, merge.T, merge.ctas_per_row = 2, 8, 0, 1
+    select.n, select.Lmax, select.T, select.W, select.I, select.ctas = 8, 64, 0, 2, 1, 1
+    score = ops.TopkScoreParams()
+    score.H, score.W, score.I, score.npage, score.min_ctas, score.num_pages = 64, 2, 1, 1, 6, 1
+    cases = (
+        (ops.load().peerdcp_topk_merge, merge),
+        (ops.load().peerdcp_topk_select, select),
+        (ops.load_score().peerdcp_topk_score, score),
+    )
+    for entry, p in cases:
+        size = ctypes.sizeof(p)
+        assert entry(ctypes.byref(p), size - 8, None) == invalid
+        assert entry(ctypes.byref(p), size + 8, None) == invalid
+        assert entry(None, size, None) == invalid
+        assert entry(ctypes.byref(p), size, None) == 0  # T = 0: no launch
+    merge.W = 9
+    select.ctas = 9
+    score.min_ctas = 5  # no such instance
+    for entry, p in cases:
+        assert entry(ctypes.byref(p), ctypes.sizeof(p), None) == invalid

@@ -7,16 +7,25 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import rankfns_topk as fns
 import torch
 
 from peerdcp.topk import ops
+from peerdcp.topk import policy as pol
 from peerdcp.topk import reference as ref
-from peerdcp.topk.selector import _local_keys, buffer_layout
+from peerdcp.topk.candidates import _local_keys
+from peerdcp.topk.selector import buffer_layout
+
+TORCH_SELECT = replace(pol.DEFAULT_POLICY, local_select="torch")  # the Triton keys + torch.topk path
+
+
+def _forced(ctas: int, radix_only: bool = False) -> pol.TopKPolicy:
+    return replace(pol.DEFAULT_POLICY, select_ctas=ctas, select_radix_only=radix_only)
+
 
 pytestmark = pytest.mark.cuda
 
@@ -80,7 +89,7 @@ def test_gpu_scan_against_reference_on_one_rank(pools, backend, heads, npage, mi
 
 
 def test_gpu_scoring_register_cap_is_bitwise_neutral(pools):
-    """The 64-register cap (``TUNING["scan_maxnreg"]``, 64-head tiles only) changes no score bit: capped and
+    """The 64-register cap (``TopKPolicy.scan_maxnreg``, 64-head tiles only) changes no score bit: capped and
     uncapped kernels agree at 32, 64, 128 and 200 heads, 1-64 rows, 4K-128K tokens."""
     res = pools(1, "cpu:gloo,cuda:nccl").run(fns.scoring_register_cap, 13)
     for r in res:
@@ -215,33 +224,30 @@ def test_gpu_local_candidates_match_reference(case):
     x, ln = logits.cuda(), lens.to(ldt).cuda()
     for ctas in (1, 2, 3, 8):  # 3: slices of a row that is no power of two
         for radix_only in (False, True):
-            with mock.patch.dict(ops.TUNING, {"select_ctas": ctas, "select_radix_only": radix_only}):
-                got = _local_keys(x, ln, k, r, W, I, ff, fl).cpu()
+            got = _local_keys(x, ln, k, r, W, I, ff, fl, policy=_forced(ctas, radix_only)).cpu()
             assert torch.equal(got, want), (ctas, radix_only, got[:, :8], want[:, :8])
-    with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
-        assert torch.equal(_local_keys(x, ln, k, r, W, I, ff, fl).cpu(), want)
+    assert torch.equal(_local_keys(x, ln, k, r, W, I, ff, fl, policy=TORCH_SELECT).cpu(), want)
 
 
 @pytest.mark.parametrize("ctas", [1, 8])
 def test_gpu_select_poisoned_output_and_graph(ctas):
     """The kernel writes every output element (output poisoned first), and replays in a CUDA graph with new
     scores give new selections; one CTA per row and a cluster of 8."""
-    with mock.patch.dict(ops.TUNING, {"select_ctas": ctas}):
-        _poisoned_output_and_graph()
+    _poisoned_output_and_graph(ctas)
 
 
-def _poisoned_output_and_graph():
+def _poisoned_output_and_graph(ctas: int):
     g = torch.Generator().manual_seed(5)
     T, L, k = 6, 30000, 2048
     lens = torch.tensor([30000, 17, 0, 4096, 29999, 2048], device="cuda")
     x = torch.randn(T, L, generator=g).cuda()
     out = torch.full((T, k), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
-    ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+    ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0, ctas=ctas)
     assert torch.equal(out.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0))
-    _local_keys(x, lens, k, 0, 1, 1, 0, 0)  # warm (build, load) outside the capture
+    _local_keys(x, lens, k, 0, 1, 1, 0, 0, policy=_forced(ctas))  # warm (build, load) outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        keys = _local_keys(x, lens, k, 0, 1, 1, 0, 0)
+        keys = _local_keys(x, lens, k, 0, 1, 1, 0, 0, policy=_forced(ctas))
     for seed in range(3):
         x.copy_(torch.randn(T, L, generator=torch.Generator().manual_seed(100 + seed)))
         keys.fill_(0x5A5A5A5A5A5A5A5A)
@@ -268,36 +274,35 @@ def test_gpu_select_rows_past_the_width_and_short_tied_rows(ctas, k):
     x[2, 1800:] = float("nan")  # garbage past its local length
     want = _reference(x, lens, k, r, W, 1, 0, 0)
     for radix_only in (False, True):
-        with mock.patch.dict(ops.TUNING, {"select_ctas": ctas, "select_radix_only": radix_only}):
-            got = _local_keys(x.cuda(), lens.cuda(), k, r, W, 1, 0, 0).cpu()
+        got = _local_keys(x.cuda(), lens.cuda(), k, r, W, 1, 0, 0, policy=_forced(ctas, radix_only)).cpu()
         assert torch.equal(got, want), (radix_only, got[:, :6], want[:, :6])
     out = torch.full((T, k), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
-    with mock.patch.dict(ops.TUNING, {"select_ctas": ctas}):
-        ops.select(out, x.cuda(), lens.cuda(), rank=r, world_size=W, interleave=1, force_first=0, force_last=0)
+    args = dict(rank=r, world_size=W, interleave=1, force_first=0, force_last=0, ctas=ctas)
+    ops.select(out, x.cuda(), lens.cuda(), **args)
     assert torch.equal(out.cpu(), want)  # every element written (poisoned first)
-    with mock.patch.dict(ops.TUNING, {"local_select": "torch"}):
-        assert torch.equal(_local_keys(x.cuda(), lens.cuda(), k, r, W, 1, 0, 0).cpu(), want)
+    assert torch.equal(_local_keys(x.cuda(), lens.cuda(), k, r, W, 1, 0, 0, policy=TORCH_SELECT).cpu(), want)
 
 
 def test_gpu_select_rule_first_asked_inside_a_graph_capture():
-    """The CTA-count rule's occupancy query (``ops.max_select_clusters``, cached) may first run while a CUDA graph
-    is being captured: the captured selection is still exact."""
+    """The CTA-count rule (``policy.select_ctas``) and its occupancy query (``ops.max_select_clusters``, cached) may
+    first run while a CUDA graph is being captured: the captured selection is still exact."""
     g = torch.Generator().manual_seed(9)
     T, L, k = 3, 20000, 2048
     x = torch.randn(T, L, generator=g).cuda()
     lens = torch.full((T,), L, device="cuda")
     out = torch.full((T, k), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
-    with mock.patch.dict(ops.TUNING, {"select_ctas": 1}):  # build and load outside the capture
-        ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+    args = dict(rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+    ops.select(out, x, lens, ctas=1, **args)  # build and load outside the capture
     ops.max_select_clusters.cache_clear()
+    dev = torch.cuda.current_device()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+        ops.select(out, x, lens, ctas=pol.select_ctas(T, dev, L), **args)
     assert ops.max_select_clusters.cache_info().currsize >= 1  # asked during the capture
     out.fill_(0x5A5A5A5A5A5A5A5A)
     graph.replay()
     torch.cuda.synchronize()
-    assert ops.select_ctas(T, torch.cuda.current_device()) > 1  # the replay ran a cluster per row
+    assert pol.select_ctas(T, dev, L) > 1  # the replay ran a cluster per row
     assert torch.equal(out.cpu(), _reference(x.cpu(), lens.cpu(), k, 0, 1, 1, 0, 0))
 
 
@@ -372,15 +377,14 @@ def test_gpu_select_publish_equals_publish_kernel(ctas, W, rank, k, L):
             lens[0], lens[1] = L * W, 3  # a full row and one of fewer than k valid keys
             out = torch.full((T, n), 0x5A5A5A5A5A5A5A5A, dtype=torch.int64, device="cuda")
             args = dict(rank=rank, world_size=W, interleave=1, force_first=0, force_last=0)
-            with mock.patch.dict(ops.TUNING, {"select_ctas": ctas}):
-                if fused:
-                    ops.select(out, x, lens.cuda(), publish=pub, **args)
-                else:
-                    ops.select(out, x, lens.cuda(), **args)
-                    _publish_kernel[(T,)](
-                        out, out.stride(0), n, out, peer_ptrs, state, rank, max_rows, inbox,
-                        W=W, K=k, BLOCK=min(1 << (k - 1).bit_length(), 1024), FILL=False, GPU=True,
-                    )  # fmt: skip
+            if fused:
+                ops.select(out, x, lens.cuda(), publish=pub, ctas=ctas, **args)
+            else:
+                ops.select(out, x, lens.cuda(), ctas=ctas, **args)
+                _publish_kernel[(T,)](
+                    out, out.stride(0), n, out, peer_ptrs, state, rank, max_rows, inbox,
+                    W=W, K=k, BLOCK=min(1 << (k - 1).bit_length(), 1024), FILL=False, GPU=True,
+                )  # fmt: skip
             torch.cuda.synchronize()
             assert torch.equal(out.cpu(), _reference(x.cpu(), lens, k, rank, W, 1, 0, 0)), (fused, call)
             keys.append(out.cpu())

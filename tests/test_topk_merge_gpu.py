@@ -4,8 +4,6 @@ that leave lists empty, short, one short of k and full. Checked against ``torch.
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 
@@ -42,8 +40,11 @@ def _expect(lists: torch.Tensor, k: int) -> torch.Tensor:
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("k", [1, 7, 64, 2048])
 def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
+    from dataclasses import replace
+
     from peerdcp.topk import ops
-    from peerdcp.topk.selector import _merge_lists
+    from peerdcp.topk import policy as pol
+    from peerdcp.topk.candidates import _merge_lists
 
     dev = torch.device("cuda", torch.cuda.current_device())
     # also opts the kernel in to the device's shared memory; every sm_90 GPU holds W = 8 lists of k = 2048
@@ -58,11 +59,12 @@ def test_cuda_merge_matches_topk_for_every_cta_count(W, k):
         tunings += [{"cuda_merge_place_all_ctas": c} for c in (1, 3, 8, 32, 64)]  # place-all mode
         for tuning in tunings:
             out = torch.full((T, k), 12345, dtype=torch.int32, device=dev)  # poisoned
-            with mock.patch.dict(ops.TUNING, tuning):
-                if tuning:
-                    assert ops.grid(T, W, k, dev.index) == (next(iter(tuning.values())), "place" in next(iter(tuning)))
-                elif T in (1, 300):
-                    assert ops.grid(T, W, k, dev.index)[1] == (T == 1), (W, k, T)
-                _merge_lists(out, lists.to(dev), W, k, "cuda")
+            p = replace(pol.DEFAULT_POLICY, **tuning)
+            if tuning:
+                ((field, n),) = tuning.items()
+                assert pol.grid(T, W, k, dev.index, policy=p) == (n, "place" in field)
+            elif T in (1, 300):
+                assert pol.grid(T, W, k, dev.index, policy=p)[1] == (T == 1), (W, k, T)
+            _merge_lists(out, lists.to(dev), W, k, "cuda", policy=p)
             torch.cuda.synchronize()
             assert torch.equal(out.cpu(), expect), (W, k, T, scores, tuning)

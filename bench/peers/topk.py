@@ -166,7 +166,7 @@ def push(mod: types.ModuleType, packed: list[torch.Tensor], max_rows: int, slot:
 def _local_topk(logits: torch.Tensor, lens: torch.Tensor, k: int, rank: int, W: int, I: int):
     """A rank's shard of ``logits`` (peerdcp's ownership: global id g on rank (g // I) % W) and its local top-k
     indices (canonical order, -1 padded): the input vLLM's pack takes."""
-    from peerdcp.topk.selector import canonical_topk
+    from peerdcp.topk.candidates import canonical_topk
 
     L = logits.shape[1]
     g = torch.arange(L, device=logits.device)
@@ -184,7 +184,7 @@ def check(
     Each pair must be ``(logits[row, local id], vLLM's global id)`` and ``canonical_topk`` over all ranks'
     candidates must equal ``canonical_topk`` over the full logits (rows of different lengths, one shorter than k).
     """
-    from peerdcp.topk.selector import canonical_topk
+    from peerdcp.topk.candidates import canonical_topk
 
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, L, generator=g).to(device)

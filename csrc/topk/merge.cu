@@ -6,7 +6,7 @@
 // position of key x = list_a[j] is j + sum_{b != a} #{y in list_b : y > x} (keys are unique over all lists,
 // every list is sorted descending with a -1 tail), found by binary searches in shared memory.
 //
-// Place-all mode (`place_all`, few rows: the host's `ops.grid` gives it when the CTAs that fit at once leave every
+// Place-all mode (`place_all`, few rows: the host's `policy.grid` gives it when the CTAs that fit at once leave every
 // thread at most two of the row's W x K keys): CTA s places keys s*kThreads + tid, s*kThreads + tid + S*kThreads, ... of
 // the W x K slots, each key's searches stopping once its rank reaches K; no cut-off search. One row on one H200:
 // 7.1 -> 4.0 us at W = 2, 22.3 -> 10.8 us at W = 8 against cut-off mode, where the cut-off search below, repeated by
@@ -168,22 +168,42 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const MergeParams 
   for (int i = M + s * kThreads + tid; i < K; i += S * kThreads) out[i] = -1;
 }
 
+// The host's parameter block (peerdcp/topk/ops.py TopkMergeParams mirrors it: same order, same types), the one
+// argument of peerdcp_topk_merge; the entry point fills the kernel's MergeParams from it. Passed as void* with its
+// size: it lives in an unnamed namespace (a signature naming it would get internal linkage even declared extern "C"),
+// and a block of another size (a stale mirror) is refused with cudaErrorInvalidValue.
+struct TopkMergeParams {
+  int32_t* out;
+  const int64_t* own;
+  const int64_t* lists;
+  const int64_t* flags;
+  int64_t* state;
+  void* err;
+  int64_t own_stride, slot_stride, list_stride, row_stride, timeout_ns;
+  int32_t own_len, list_len, rank, W, K, T, max_rows, mech, direct;
+  int32_t ctas_per_row;  // the grid's y: CTAs per row
+  int32_t place_all;
+  int32_t pdl;           // launch with programmatic dependent launch
+};
+
 }  // namespace
 
-extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_stride, int own_len,
-                                  const int64_t* lists, int64_t slot_stride, int64_t list_stride,
-                                  int64_t row_stride, int list_len, const int64_t* flags, int64_t* state, void* err,
-                                  int64_t timeout_ns, int rank, int W, int K, int T, int max_rows, int mech,
-                                  int direct, int ctas_per_row, int place_all, int pdl, cudaStream_t stream) {
+extern "C" int peerdcp_topk_merge_params_size() { return static_cast<int>(sizeof(TopkMergeParams)); }
+
+extern "C" int peerdcp_topk_merge(const void* params, int params_size, cudaStream_t stream) {
+  if (params == nullptr || params_size != static_cast<int>(sizeof(TopkMergeParams)))
+    return static_cast<int>(cudaErrorInvalidValue);
+  const TopkMergeParams& p = *static_cast<const TopkMergeParams*>(params);
+  const int W = p.W, K = p.K, T = p.T, ctas_per_row = p.ctas_per_row;
   if (W < 1 || W > kMaxW || K < 1 || T < 0 || ctas_per_row < 1 || ctas_per_row > 65535)
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
   MergeParams a;
-  a.out = out, a.own = own, a.own_stride = own_stride, a.own_len = own_len;
-  a.lists = lists, a.slot_stride = slot_stride, a.list_stride = list_stride, a.row_stride = row_stride;
-  a.list_len = list_len, a.flags = flags, a.state = state, a.err = static_cast<int64_t*>(err);
-  a.timeout_ns = timeout_ns, a.rank = rank, a.W = W, a.K = K, a.max_rows = max_rows, a.mech = mech;
-  a.direct = direct, a.place_all = place_all;
+  a.out = p.out, a.own = p.own, a.own_stride = p.own_stride, a.own_len = p.own_len;
+  a.lists = p.lists, a.slot_stride = p.slot_stride, a.list_stride = p.list_stride, a.row_stride = p.row_stride;
+  a.list_len = p.list_len, a.flags = p.flags, a.state = p.state, a.err = static_cast<int64_t*>(p.err);
+  a.timeout_ns = p.timeout_ns, a.rank = p.rank, a.W = W, a.K = K, a.max_rows = p.max_rows, a.mech = p.mech;
+  a.direct = p.direct, a.place_all = p.place_all;
   // More than 48 KiB of dynamic shared memory needs the opt-in that peerdcp_topk_merge_max_keys made for
   // this device (it is not done here: a CUDA graph may be capturing this launch).
   const size_t smem = static_cast<size_t>(W) * K * sizeof(int64_t);
@@ -191,7 +211,7 @@ extern "C" int peerdcp_topk_merge(int32_t* out, const int64_t* own, int64_t own_
   // kernel, which lets them launch as its CTAs start) still runs, and wait for it in griddep_wait
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg =
-      peerdcp::launch_config(&attr, dim3(T, ctas_per_row), dim3(kThreads), smem, stream, pdl);
+      peerdcp::launch_config(&attr, dim3(T, ctas_per_row), dim3(kThreads), smem, stream, p.pdl);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, topk_merge_kernel, a);
   return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }

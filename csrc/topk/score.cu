@@ -308,6 +308,21 @@ const Instance* find(int min_ctas) {
   return nullptr;
 }
 
+// The host's parameter block (peerdcp/topk/ops.py TopkScoreParams mirrors it: same order, same types), the one
+// argument of peerdcp_topk_score; the entry point fills the kernel's ScoreParams from it. Passed as void* with its
+// size (see TopkMergeParams in merge.cu): a block of another size is refused with cudaErrorInvalidValue.
+struct TopkScoreParams {
+  const void* q;          // [T, H, 128] e4m3 bytes, row t at q + t * q_stride
+  const float* w;         // [T, H] fp32
+  const void* seq_lens;   // [T] int32 or int64 (lens64) global lengths
+  const int32_t* table;   // [T, table_cols] local pages, or null
+  const void* kv;         // num_pages x kPageBytes
+  float* out;             // [T, Lmax]
+  int64_t q_stride, w_stride, table_stride, table_cols, num_pages, out_stride, Lmax;
+  int32_t lens64, T, H, rank, W, I, sharded, npage;
+  int32_t min_ctas;       // the instance: its register budget as CTAs per SM
+};
+
 }  // namespace
 
 // Resident CTAs per SM of the instance `min_ctas` for `narrow` (H <= 32) or wide heads on the current device; -1
@@ -324,23 +339,26 @@ extern "C" int peerdcp_topk_score_occupancy(int min_ctas, int narrow) {
   return n;
 }
 
+extern "C" int peerdcp_topk_score_params_size() { return static_cast<int>(sizeof(TopkScoreParams)); }
+
 // The scan of T rows on `stream` with the instance `min_ctas`: heads 1..64 (a 32-head tile up to 32 heads), 1 to
 // kMaxPages pages per CTA. q, the pages and the query rows must be 16-byte aligned (the host checks).
-extern "C" int peerdcp_topk_score(const void* q, int64_t q_stride, const float* w, int64_t w_stride,
-                                  const void* seq_lens, int lens64, const int32_t* table, int64_t table_stride,
-                                  int64_t table_cols, const void* kv, int64_t num_pages, float* out, int64_t out_stride,
-                                  int64_t Lmax, int T, int H, int rank, int W, int I, int sharded, int npage,
-                                  int min_ctas, cudaStream_t stream) {
-  const Instance* in = find(min_ctas);
+extern "C" int peerdcp_topk_score(const void* params, int params_size, cudaStream_t stream) {
+  if (params == nullptr || params_size != static_cast<int>(sizeof(TopkScoreParams)))
+    return static_cast<int>(cudaErrorInvalidValue);
+  const TopkScoreParams& p = *static_cast<const TopkScoreParams*>(params);
+  const int T = p.T, H = p.H, W = p.W, I = p.I, rank = p.rank, npage = p.npage;
+  const int64_t Lmax = p.Lmax;
+  const Instance* in = find(p.min_ctas);
   if (in == nullptr || T < 0 || H < 1 || H > 64 || Lmax < 0 || npage < 1 || npage > kMaxPages || W < 1 || I < 1 ||
-      rank < 0 || rank >= W || num_pages < 1)
+      rank < 0 || rank >= W || p.num_pages < 1)
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0 || Lmax == 0) return 0;
   ScoreParams a;
-  a.q = static_cast<const uint8_t*>(q), a.q_stride = q_stride, a.w = w, a.w_stride = w_stride;
-  a.seq_lens = seq_lens, a.lens64 = lens64, a.table = table, a.table_stride = table_stride;
-  a.table_cols = table_cols, a.kv = static_cast<const uint8_t*>(kv), a.num_pages = num_pages, a.out = out;
-  a.out_stride = out_stride, a.Lmax = Lmax, a.H = H, a.rank = rank, a.W = W, a.I = I, a.sharded = sharded;
+  a.q = static_cast<const uint8_t*>(p.q), a.q_stride = p.q_stride, a.w = p.w, a.w_stride = p.w_stride;
+  a.seq_lens = p.seq_lens, a.lens64 = p.lens64, a.table = p.table, a.table_stride = p.table_stride;
+  a.table_cols = p.table_cols, a.kv = static_cast<const uint8_t*>(p.kv), a.num_pages = p.num_pages, a.out = p.out;
+  a.out_stride = p.out_stride, a.Lmax = Lmax, a.H = H, a.rank = rank, a.W = W, a.I = I, a.sharded = p.sharded;
   a.npage = npage;
   const int64_t chunks = ((Lmax + kPage - 1) / kPage + npage - 1) / npage;
   if (chunks > 65535) return static_cast<int>(cudaErrorInvalidValue);

@@ -10,7 +10,7 @@
 // list (n = min(topk, Lmax)) with -1 past the row's valid keys.
 //
 // One CTA per row, or at few rows a thread-block cluster of C <= 8 CTAs per row (each reads a slice of the row;
-// ops.select_ctas picks C from CUDA's cluster occupancy), computing keys on the fly from the scores (no key array
+// policy.select_ctas picks C from CUDA's cluster occupancy), computing keys on the fly from the scores (no key array
 // in global memory):
 //   1. Rows of more than kBuf valid keys: thresholds estimated from the score parts of 2048 evenly spaced rows (one
 //      CTA per row: 4096 above 64K rows)
@@ -1014,28 +1014,52 @@ cudaLaunchConfig_t cluster_config(cudaLaunchAttribute* attr, int ctas, unsigned 
   return cfg;
 }
 
+// The host's parameter block (peerdcp/topk/ops.py TopkSelectParams mirrors it: same order, same types), the one
+// argument of peerdcp_topk_select; the entry point fills the kernel's SelectParams from it. Passed as void* with its
+// size (see TopkMergeParams in merge.cu): a block of another size is refused with cudaErrorInvalidValue.
+struct TopkSelectParams {
+  int64_t* out;          // [T, n] int64 keys, descending, -1 tail
+  const float* logits;   // row t at logits + t * logits_stride
+  const void* seq_lens;  // [T] int32 or int64 (lens64) global lengths
+  const int64_t* peers;  // publish: [W] every rank's buffer base address; nullptr: no publish
+  int64_t* state;        // publish: [1 + max_rows] local: [aborted, epoch of row 0, ...]
+  int64_t logits_stride, force_first, force_last;
+  int64_t inbox;         // publish: word offset of the inbox [2, W, max_rows, K] in a buffer
+  int32_t lens64, Lmax, n, T, rank, W, I, radix_only;
+  int32_t ctas;          // CTAs per row (1 to kMaxCluster)
+  int32_t K, max_rows;   // publish: the inbox's row length and rows
+};
+
 }  // namespace
+
+extern "C" int peerdcp_topk_select_params_size() { return static_cast<int>(sizeof(TopkSelectParams)); }
 
 // Local canonical candidates of T rows into out [T, n] (contiguous int64), n = min(topk, Lmax) in [1, kMaxN], by
 // `ctas` (1 to kMaxCluster) CTAs per row (more than one: a thread-block cluster per row); with `peers` (not null)
 // each row is then published to the direct Top-K's peers (SelectParams::peers; T <= max_rows, n <= K). Returns a
 // CUDA error code (0 = launched).
-extern "C" int peerdcp_topk_select(int64_t* out, const float* logits, int64_t logits_stride, const void* seq_lens,
-                                   int lens64, int Lmax, int n, int T, int rank, int W, int I, int64_t force_first,
-                                   int64_t force_last, int radix_only, int ctas, const int64_t* peers,
-                                   int64_t* state, int64_t inbox, int K, int max_rows, cudaStream_t stream) {
+extern "C" int peerdcp_topk_select(const void* params, int params_size, cudaStream_t stream) {
+  if (params == nullptr || params_size != static_cast<int>(sizeof(TopkSelectParams)))
+    return static_cast<int>(cudaErrorInvalidValue);
+  const TopkSelectParams& p = *static_cast<const TopkSelectParams*>(params);
+  const int n = p.n, Lmax = p.Lmax, T = p.T, W = p.W, I = p.I, rank = p.rank, ctas = p.ctas, K = p.K;
+  const int max_rows = p.max_rows;
+  const int64_t* peers = p.peers;
   if (n < 1 || n > kMaxN || Lmax < 1 || T < 0 || W < 1 || I < 1 || rank < 0 || rank >= W || ctas < 1 ||
       ctas > kMaxCluster)
     return static_cast<int>(cudaErrorInvalidValue);
-  if (peers != nullptr && (state == nullptr || K < n || T > max_rows || inbox < 2LL * W * max_rows || W > kThreads))
+  if (peers != nullptr &&
+      (p.state == nullptr || K < n || T > max_rows || p.inbox < 2LL * W * max_rows || W > kThreads))
     return static_cast<int>(cudaErrorInvalidValue);
   if (T == 0) return 0;
   SelectParams a;
-  a.out = out, a.logits = logits, a.logits_stride = logits_stride, a.seq_lens = seq_lens, a.lens64 = lens64;
-  a.Lmax = Lmax, a.n = n, a.rank = rank, a.W = W, a.I = I, a.force_first = force_first, a.force_last = force_last;
-  a.radix_only = radix_only;
+  a.out = p.out, a.logits = p.logits, a.logits_stride = p.logits_stride, a.seq_lens = p.seq_lens;
+  a.lens64 = p.lens64;
+  a.Lmax = Lmax, a.n = n, a.rank = rank, a.W = W, a.I = I, a.force_first = p.force_first;
+  a.force_last = p.force_last;
+  a.radix_only = p.radix_only;
   a.C = ctas;
-  a.peers = peers, a.state = state, a.inbox = inbox, a.K = K, a.max_rows = max_rows;
+  a.peers = peers, a.state = p.state, a.inbox = p.inbox, a.K = K, a.max_rows = max_rows;
   const bool pub = peers != nullptr;
   if (ctas == 1) {
     (pub ? topk_select_kernel<false, true, false> : topk_select_kernel<false, false, false>)<<<T, kThreads, 0, stream>>>(

@@ -218,7 +218,7 @@ def check() -> dict:
     res: dict[str, Any] = {"query_ok": bool(same), "query_max_abs": float(q_diff.max())}
     L = _S["L"]
     if g.dsa:
-        from ..topk.selector import canonical_topk
+        from ..topk.candidates import canonical_topk
 
         full = _index_logits(_S["rep"], write=True)
         ids_ref = canonical_topk(full, _S["lens"], g.topk)

@@ -1,8 +1,10 @@
 """Indexer / Top-K for DSA models under DCP: owner-sharded index-K cache, FP8 indexer scoring, and the
 exact canonical global top-k (direct peer-memory candidate exchange, or all-gather).
 
-Read in this order: ``reference.py`` (the specification), ``kernels.py`` (Triton), ``cache.py``
-(:class:`IndexKCache`, :func:`indexer_logits`), ``selector.py`` (:class:`TopK`, :func:`canonical_topk`).
+Read in this order: ``reference.py`` (the specification), ``kernels.py`` (Triton), ``ops.py`` (the C boundary and
+its ``torch.library`` ops), ``policy.py`` (:class:`TopKPolicy`, every tuning rule), ``cache.py``
+(:class:`IndexKCache`), ``scorer.py`` (:func:`indexer_logits`), ``candidates.py`` (the local selection and
+:func:`canonical_topk`), ``config.py`` (argument checks, buffer layout), ``selector.py`` (:class:`TopK`).
 
 Decode step on rank r of a DCP group of W::
 
@@ -15,8 +17,11 @@ Decode step on rank r of a DCP group of W::
 from __future__ import annotations
 
 from . import reference
-from .cache import LAYOUTS, IndexKCache, indexer_logits
-from .selector import BACKENDS, MAX_TOPK, TopK, canonical_topk
+from .cache import LAYOUTS, IndexKCache
+from .candidates import MAX_TOPK, canonical_topk
+from .policy import DEFAULT_POLICY, TopKPolicy
+from .scorer import indexer_logits
+from .selector import BACKENDS, TopK
 
 __all__ = [
     "IndexKCache",
@@ -27,4 +32,6 @@ __all__ = [
     "LAYOUTS",
     "BACKENDS",
     "MAX_TOPK",
+    "TopKPolicy",
+    "DEFAULT_POLICY",
 ]

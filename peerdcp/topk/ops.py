@@ -1,11 +1,21 @@
-"""The CUDA C++ Top-K kernels behind ctypes calls on the current stream: the merge (``csrc/topk/merge.cu``), the
-local candidate selection (``csrc/topk/select.cu``) and the indexer scan (``csrc/topk/score.cu``, its own sm_90a
-library ``peerdcp_score``).
+"""The CUDA C++ Top-K kernels behind a C ABI and ``torch.library`` custom ops: the merge (``csrc/topk/merge.cu``),
+the local candidate selection (``csrc/topk/select.cu``) and the indexer scan (``csrc/topk/score.cu``, its own
+sm_90a library ``peerdcp_score``).
 
-The merge is local to a rank (it reads this rank's inbox and candidates, waits on this rank's flags), so a
-rank may use it or the Triton ``_merge_kernel`` independently of its peers: both place every key at the
-same position. Launched on the current stream, so it is CUDA-graph capturable. Built at first use by
-:func:`peerdcp._runtime.jit.load` (``$PEERDCP_CACHE``; ``python -m peerdcp._runtime.jit`` prebuilds it).
+Each launch entry point takes one parameter block (:class:`TopkMergeParams`, :class:`TopkSelectParams`,
+:class:`TopkScoreParams`, mirrored field by field in the ``.cu``) and its size: the C side refuses a block of another
+size with cudaErrorInvalidValue, and :func:`load` / :func:`load_score` check the sizes agree. Every launcher is also
+a custom op (``peerdcp::topk_merge``, ``peerdcp::topk_select``, ``peerdcp::topk_score``) with a fake implementation,
+so ``torch.compile`` traces through it; eager calls of :func:`merge`, :func:`select` and :func:`score` (and CUDA-graph
+captures, which record the same launch) fill the block and call the C entry point without the dispatcher. All launch
+on the current stream, so they are CUDA-graph capturable. Addresses of peer memory, flags and the error word are raw
+ints: their effects are invisible to torch by design.
+
+The merge is local to a rank (it reads this rank's inbox and candidates, waits on this rank's flags), so a rank may
+use it or the Triton ``_merge_kernel`` independently of its peers: both place every key at the same position. The
+tuning rules that pick the launches' grids are in :mod:`.policy`; this module only launches and queries the
+hardware. Built at first use by :func:`peerdcp._runtime.jit.load` (``$PEERDCP_CACHE``; ``python -m
+peerdcp._runtime.jit`` prebuilds it).
 """
 
 from __future__ import annotations
@@ -16,102 +26,154 @@ from typing import NamedTuple
 
 import torch
 
-from .._runtime.checks import cuda_index
-from .._runtime.device import current_stream_handle, num_sms
+from .._runtime.device import current_stream_handle
 from .._runtime.jit import load as load_jit
 
 __all__ = [
-    "TUNING",
-    "ctas_per_row",
-    "grid",
+    "TopkMergeParams",
+    "TopkSelectParams",
+    "TopkScoreParams",
     "load",
+    "load_score",
     "max_keys",
     "max_select_clusters",
     "Publish",
     "merge",
-    "merge_ctas_per_sm",
-    "merge_pdl",
     "score",
     "score_resident",
     "select",
-    "select_ctas",
     "select_max_n",
+    "topk_merge",
+    "topk_select",
+    "topk_score",
 ]
 
-#: ``cuda_merge_ctas_per_row``: N > 0 forces the cut-off mode with N CTAs per row; ``cuda_merge_place_all_ctas``:
-#: N > 0 forces the place-all mode with N CTAs per row, -1 never picks it. Both 0: the rule of :func:`grid`.
-#: ``local_select``: "auto" selects local candidates with the CUDA kernel on a GPU where it builds and the row's
-#: n = min(topk, L) is at most :func:`select_max_n`; "torch" always takes the Triton keys kernel + ``torch.topk``.
-#: ``select_radix_only``: the CUDA selection skips its threshold estimate (tests and diagnosis of the exact path).
-#: ``select_ctas``: CTAs per row of the CUDA selection, 1 to :data:`MAX_SELECT_CTAS` (0: the rule of
-#: :func:`select_ctas`). ``select_publish``: ``TopK.select``'s direct path publishes each row from the selection
-#: kernel (:class:`Publish`) instead of a separate publish kernel after it; ``select_merge_pdl``: its merge kernel
-#: then launches with programmatic dependent launch (:func:`merge`'s ``pdl``): True / False, or "auto" - the rule
-#: of :func:`merge_pdl` (where both grids fit on the SMs together).
-TUNING = {
-    "cuda_merge_ctas_per_row": 0,
-    "cuda_merge_place_all_ctas": 0,
-    "local_select": "auto",
-    "select_radix_only": False,
-    "select_ctas": 0,
-    "select_publish": True,
-    "select_merge_pdl": "auto",
-}
 #: most CTAs per row of the CUDA selection (``kMaxCluster`` in csrc/topk/select.cu: the portable cluster size)
 MAX_SELECT_CTAS = 8
 #: keys a selection CTA gathers in shared memory (``kBuf`` in csrc/topk/select.cu): rows of at most this many
 #: scores skip the threshold estimate
 SELECT_BUF = 4096
-#: scores a cluster must spare each of its CTAs (row length x (1 - 1/C)) before :func:`select_ctas` takes it
-CLUSTER_MIN_SPARED = 8192
-#: most CTAs per row of the cut-off mode: every CTA stages all W lists of its row and finds the W cut-offs itself,
-#: so past a few CTAs the shared placement work no longer pays for the repeated staging
-MAX_CTAS_PER_ROW = 4
 #: threads of a merge CTA (``kThreads`` in csrc/topk/merge.cu)
 THREADS = 512
+#: the scan library's instances: the register budget as CTAs per SM the compiler must allow (1 = no budget)
+SCORE_MIN_CTAS = (1, 6)
+#: most pages per CTA of the CUDA scan (``kMaxPages`` in csrc/topk/score.cu)
+SCORE_MAX_PAGES = 64
 
-_i64, _i32, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+_i64, _i32, _vp = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+
+
+class TopkMergeParams(ctypes.Structure):
+    """Mirror of ``TopkMergeParams`` in ``csrc/topk/merge.cu`` (same order, same types); strides in int64 keys."""
+
+    _fields_ = [
+        ("out", _vp),  # [T, K] int32 global ids
+        ("own", _vp),  # direct: this rank's candidates, row t at own + t * own_stride
+        ("lists", _vp),  # list b of row t at lists + slot*slot_stride + b*list_stride + t*row_stride
+        ("flags", _vp),  # direct: this rank's flags [2, W, max_rows]
+        ("state", _vp),  # direct: [aborted, epoch of row 0, ...]
+        ("err", _vp),  # int64[8] error word (pinned host memory)
+        ("own_stride", _i64),
+        ("slot_stride", _i64),
+        ("list_stride", _i64),
+        ("row_stride", _i64),
+        ("timeout_ns", _i64),
+        ("own_len", _i32),
+        ("list_len", _i32),
+        ("rank", _i32),
+        ("W", _i32),
+        ("K", _i32),
+        ("T", _i32),
+        ("max_rows", _i32),
+        ("mech", _i32),
+        ("direct", _i32),
+        ("ctas_per_row", _i32),
+        ("place_all", _i32),
+        ("pdl", _i32),
+    ]
+
+
+class TopkSelectParams(ctypes.Structure):
+    """Mirror of ``TopkSelectParams`` in ``csrc/topk/select.cu`` (same order, same types)."""
+
+    _fields_ = [
+        ("out", _vp),  # [T, n] int64 keys
+        ("logits", _vp),  # [T, Lmax] fp32, row t at logits + t * logits_stride
+        ("seq_lens", _vp),  # [T] int32 or int64 (lens64)
+        ("peers", _vp),  # publish: [W] every rank's buffer base (device); null: no publish
+        ("state", _vp),  # publish: [1 + max_rows] local epochs
+        ("logits_stride", _i64),
+        ("force_first", _i64),
+        ("force_last", _i64),
+        ("inbox", _i64),  # publish: the inbox's word offset in a buffer
+        ("lens64", _i32),
+        ("Lmax", _i32),
+        ("n", _i32),
+        ("T", _i32),
+        ("rank", _i32),
+        ("W", _i32),
+        ("I", _i32),
+        ("radix_only", _i32),
+        ("ctas", _i32),
+        ("K", _i32),  # publish: inbox row length
+        ("max_rows", _i32),  # publish: inbox rows
+    ]
+
+
+class TopkScoreParams(ctypes.Structure):
+    """Mirror of ``TopkScoreParams`` in ``csrc/topk/score.cu`` (same order, same types)."""
+
+    _fields_ = [
+        ("q", _vp),  # [T, H, 128] e4m3, row t at q + t * q_stride
+        ("w", _vp),  # [T, H] fp32
+        ("seq_lens", _vp),  # [T] int32 or int64 (lens64)
+        ("table", _vp),  # [T, table_cols] int32 local pages, or null
+        ("kv", _vp),  # num_pages x 8448 bytes
+        ("out", _vp),  # [T, Lmax] fp32
+        ("q_stride", _i64),
+        ("w_stride", _i64),
+        ("table_stride", _i64),
+        ("table_cols", _i64),
+        ("num_pages", _i64),
+        ("out_stride", _i64),
+        ("Lmax", _i64),
+        ("lens64", _i32),
+        ("T", _i32),
+        ("H", _i32),
+        ("rank", _i32),
+        ("W", _i32),
+        ("I", _i32),
+        ("sharded", _i32),
+        ("npage", _i32),
+        ("min_ctas", _i32),
+    ]
+
+
+def _bind(lib: ctypes.CDLL, entries: tuple[str, ...], size_fn: str, mirror: type[ctypes.Structure]) -> None:
+    """Declare the block-taking ``entries`` (parameter block, its size, stream) and check the C block's size."""
+    for name in entries:
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [_vp, ctypes.c_int, _vp]
+    getattr(lib, size_fn).restype = ctypes.c_int
+    getattr(lib, size_fn).argtypes = []
+    size = getattr(lib, size_fn)()
+    if size != ctypes.sizeof(mirror):
+        raise RuntimeError(
+            f"csrc/topk {mirror.__name__} is {size} bytes, the ctypes mirror {ctypes.sizeof(mirror)}: keep "
+            "peerdcp/topk/ops.py in sync"
+        )
 
 
 @functools.cache
 def load() -> ctypes.CDLL:
-    """Build (once per source hash) and load ``libpeerdcp_topk.so``; raises JitError without nvcc."""
+    """Build (once per source hash) and load ``libpeerdcp_topk.so``; checks the parameter layouts. Raises JitError
+    without nvcc."""
     lib = load_jit("peerdcp_topk")
-    lib.peerdcp_topk_merge.restype = ctypes.c_int
-    lib.peerdcp_topk_merge.argtypes = [
-        _vp,  # out
-        _vp,
-        _i64,
-        _i32,  # own, own_stride, own_len
-        _vp,
-        _i64,
-        _i64,
-        _i64,
-        _i32,  # lists, slot_stride, list_stride, row_stride, list_len
-        _vp,
-        _vp,
-        _vp,  # flags, state, err
-        _i64,  # timeout_ns
-        _i32,
-        _i32,
-        _i32,
-        _i32,
-        _i32,
-        _i32,
-        _i32,  # rank, W, K, T, max_rows, mech, direct
-        _i32,  # ctas_per_row
-        _i32,  # place_all
-        _i32,  # pdl
-        _vp,  # stream
-    ]
+    _bind(lib, ("peerdcp_topk_merge",), "peerdcp_topk_merge_params_size", TopkMergeParams)
+    _bind(lib, ("peerdcp_topk_select",), "peerdcp_topk_select_params_size", TopkSelectParams)
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
     lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
-    lib.peerdcp_topk_select.restype = ctypes.c_int
-    lib.peerdcp_topk_select.argtypes = [
-        _vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
-        _vp, _vp, _i64, _i32, _i32,  # publish: peers, state, inbox word, K, max_rows (peers null: none)
-        _vp,  # stream
-    ]  # fmt: skip
     lib.peerdcp_topk_select_max_clusters.restype = ctypes.c_int
     lib.peerdcp_topk_select_max_clusters.argtypes = [ctypes.c_int]
     lib.peerdcp_topk_select_max_n.restype = ctypes.c_int
@@ -120,75 +182,73 @@ def load() -> ctypes.CDLL:
 
 
 @functools.cache
+def load_score() -> ctypes.CDLL:
+    """Build (once per source hash) and load ``libpeerdcp_score.so`` (sm_90a); checks the parameter layout. Raises
+    JitError without nvcc."""
+    lib = load_jit("peerdcp_score")
+    _bind(lib, ("peerdcp_topk_score",), "peerdcp_topk_score_params_size", TopkScoreParams)
+    lib.peerdcp_topk_score_occupancy.restype = ctypes.c_int
+    lib.peerdcp_topk_score_occupancy.argtypes = [ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def _launch(fn, p: ctypes.Structure, device: torch.device, what: str) -> None:
+    rc = fn(ctypes.byref(p), ctypes.sizeof(p), current_stream_handle(device))
+    if rc != 0:
+        raise RuntimeError(f"peerdcp topk {what} launch failed: CUDA error {rc}")
+
+
+# ------------------------------------------------------------------------------------------- hardware queries
+@functools.cache
 def max_keys(device: int) -> int:
     """Most int64 keys (W x topk) the CUDA kernel stages per row in shared memory on ``device``; also opts the
     kernel in to that much dynamic shared memory there (once per device, never during a graph capture)."""
     return int(load().peerdcp_topk_merge_max_keys(device))
 
 
-def ctas_per_row(rows: int, device: int) -> int:
-    """CTAs per row of the cut-off mode for a ``rows``-row merge on ``device``: as many as keep one wave of CTAs
-    (SMs // rows), 1 to :data:`MAX_CTAS_PER_ROW`."""
-    return max(1, min(MAX_CTAS_PER_ROW, num_sms(device) // max(rows, 1)))
+@functools.cache
+def select_max_n() -> int:
+    """Largest n = min(topk, L) :func:`select` handles (its gather holds 4096 keys, of which the sort keeps the n
+    largest; a radix level may stop with up to 4096 - n + 1 candidates)."""
+    return int(load().peerdcp_topk_select_max_n())
 
 
-def merge_ctas_per_sm(world_size: int, topk: int, device: int) -> int:
-    """Merge CTAs an SM of ``device`` holds at once for ``world_size`` lists of ``topk`` keys: two, or one when a
-    CTA's W·k staged keys take over half of the shared memory the kernel may use."""
-    return max(1, min(2, max_keys(device) // (world_size * topk)))
+@functools.cache
+def max_select_clusters(ctas: int, device: int) -> int:
+    """Most clusters of ``ctas`` selection CTAs resident at once on ``device`` (CUDA's occupancy query; -1 when it
+    fails). A cluster must fit in one GPC, so this is below SMs / ctas: e.g. 32 rows x 4 CTAs (128 of 132 SMs) ran
+    as two waves on H200, 1.4x slower than one CTA per row."""
+    with torch.cuda.device(device):
+        return int(load().peerdcp_topk_select_max_clusters(ctas))
 
 
-def grid(rows: int, world_size: int, topk: int, device: int) -> tuple[int, int]:
-    """(CTAs per row, place_all) of the CUDA merge of ``rows`` rows of ``world_size`` lists of ``topk`` keys.
-
-    Place-all mode (1) when the CTAs that fit at once, up to two per SM (one when a CTA's W·k keys take over half
-    an SM's shared memory), can give every thread at most two of the row's W·k keys: N = min(ceil(W·k /
-    THREADS), fit // rows) CTAs per row, each staging the lists and placing its share of keys, no cut-off search.
-    Otherwise the cut-off mode (0) with :func:`ctas_per_row` CTAs. Measured on one H200, cut-off -> place-all
-    (``scripts/diag/merge_scaling.py``, local lists, k = 2048): one row 7.1 -> 4.0 µs at W = 2, 12.5 -> 6.3 at
-    W = 4, 22.3 -> 10.8 at W = 8; W = 2 × 64 rows 8.3 -> 6.2 (two CTAs per SM); at four keys per thread in one
-    wave (W = 8, 16 rows) and at 256 CTAs of eight keys per thread (W = 4, 128 rows) the cut-off mode wins.
-    """
-    forced, forced_pa = int(TUNING["cuda_merge_ctas_per_row"]), int(TUNING["cuda_merge_place_all_ctas"])
-    if forced > 0:
-        return forced, 0
-    if forced_pa > 0:
-        return forced_pa, 1
-    full = -(-world_size * topk // THREADS)  # CTAs that give every thread one key
-    avail = merge_ctas_per_sm(world_size, topk, device) * num_sms(device) // max(rows, 1)
-    if forced_pa == 0 and 2 * avail >= full:
-        return max(1, min(full, avail)), 1
-    return ctas_per_row(rows, device), 0
+@functools.cache
+def score_resident(device: int, min_ctas: int, heads: int) -> int:
+    """Resident CTAs per SM of the CUDA scan instance ``min_ctas`` (of :data:`SCORE_MIN_CTAS`) for ``heads`` query
+    heads on ``device``; 0 where the device is not a Hopper GPU (the library is sm_90a code; nothing is built)."""
+    if min_ctas not in SCORE_MIN_CTAS:
+        raise ValueError(f"peerdcp topk score: no instance for {min_ctas} CTAs per SM; have {SCORE_MIN_CTAS}")
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return 0
+    with torch.cuda.device(device):
+        n = int(load_score().peerdcp_topk_score_occupancy(min_ctas, int(heads <= 32)))
+    if n < 1:
+        raise RuntimeError(f"peerdcp topk score: no occupancy for {min_ctas} CTAs per SM, {heads} heads")
+    return n
 
 
-def merge_pdl(
-    rows: int, world_size: int, topk: int, device: int, length: int, *, launch_grid: tuple[int, int] | None = None
-) -> bool:
-    """Whether ``TopK.select``'s merge kernel launches with PDL after its publishing selection of ``rows`` rows of
-    ``length`` local scores: ``TUNING["select_merge_pdl"]`` when it is a bool; "auto": when the selection's and the
-    merge's CTAs fit on the SMs together. The merge's CTAs then start on SMs of their own while the selection runs,
-    and its launch no longer follows the selection's end; past that, early merge CTAs wait where later ones would
-    run. A selection CTA takes a whole SM (1024 threads at 64 registers). The merge's CTAs (:func:`grid`) count
-    one per SM after clustered selections (:func:`select_ctas` > 1), and by the SMs they fill
-    (:func:`merge_ctas_per_sm` to an SM) after one-CTA selections.
-
-    Measured by one-GPU emulation of rank 0's exchange (``scripts/diag/publish_fused.py --exchange``, in git history;
-    k = 2048;
-    bench/RESULTS.md, History): with PDL 0.3-1.1 µs faster inside the rule, up to 6 µs slower well past it.
-    One-CTA rows (<= 8K scores) gain 0.4-0.7 µs up to 26 rows at W = 2 and 14 at W = 4 and not past: the rule's
-    boundaries with merge CTAs two to an SM (counting one to an SM would stop at 14 and 7 rows). Clustered
-    rows lose inside the two-to-an-SM count (W = 2 x 10-24 rows of 16K: 0.2-1.9 µs), hence one to an SM there.
-    At W = 8 (one merge CTA per SM; the cut-off mode from 10 rows) it takes PDL at 1-4 and 10-16 one-CTA rows:
-    5-12 rows gained 0.3-0.75 µs, 16 rows of 2K lost 0.2 - the rule leaves ~0.5 µs at 5-8 rows there.
-    Two GPUs have not run it.
-    ``launch_grid``: the merge's :func:`grid`, when the caller has it already (~1.7 µs of Python)."""
-    forced = TUNING["select_merge_pdl"]
-    if isinstance(forced, bool):
-        return forced
-    ctas = select_ctas(rows, device, length)
-    per_row, _ = launch_grid if launch_grid is not None else grid(rows, world_size, topk, device)
-    per_sm = merge_ctas_per_sm(world_size, topk, device) if ctas == 1 else 1  # merge CTAs counted to an SM
-    return rows * ctas + -(-rows * per_row // per_sm) <= num_sms(device)
+# ------------------------------------------------------------------------------------------------ the merge
+def _merge_params(out: torch.Tensor, addrs: list[int], ints: list[int]) -> TopkMergeParams:
+    """The block of a merge into ``out``: ``addrs`` (own, lists, flags, state, err), ``ints`` (own_stride,
+    slot_stride, list_stride, row_stride, timeout_ns, own_len, list_len, rank, W, K, max_rows, mech, direct,
+    ctas_per_row, place_all, pdl) - the op's two lists, in the block's order."""
+    p = TopkMergeParams()
+    p.out = out.data_ptr()
+    p.own, p.lists, p.flags, p.state, p.err = addrs
+    (p.own_stride, p.slot_stride, p.list_stride, p.row_stride, p.timeout_ns, p.own_len, p.list_len, p.rank, p.W,
+     p.K, p.max_rows, p.mech, p.direct, p.ctas_per_row, p.place_all, p.pdl) = ints  # fmt: skip
+    p.T = out.shape[0]
+    return p
 
 
 def merge(
@@ -212,87 +272,38 @@ def merge(
     max_rows: int = 0,
     mech: int = 0,
     direct: bool,
+    launch_grid: tuple[int, int],
     pdl: bool = False,
-    launch_grid: tuple[int, int] | None = None,
 ) -> None:
     """Launch the merge of row ``t`` of every list into ``out [T, topk]`` int32 (contiguous) for every t.
 
-    Addresses are raw device addresses (ints); strides are in int64 elements (see the kernel's
-    ``MergeParams``). ``pdl``: launch with programmatic dependent launch (after a :func:`select` with
-    ``publish``, whose kernel lets it start early; the merge waits for that kernel's completion before it reads
-    anything). ``launch_grid``: :func:`grid`'s (CTAs per row, place_all) for these rows when the caller has it
-    already. The caller validated shapes; a launch error raises RuntimeError.
+    Addresses are raw device addresses (ints); strides are in int64 elements (see the kernel's ``MergeParams``).
+    ``launch_grid``: (CTAs per row, place_all), :func:`peerdcp.topk.policy.grid`'s for these rows. ``pdl``: launch
+    with programmatic dependent launch (after a :func:`select` with ``publish``, whose kernel lets it start early;
+    the merge waits for that kernel's completion before it reads anything). The caller validated shapes; a launch
+    error raises RuntimeError.
     """
-    T = out.shape[0]
-    stream = current_stream_handle(out.device)
-    if launch_grid is None:
-        launch_grid = grid(T, world_size, topk, cuda_index(out.device))
-    rc = load().peerdcp_topk_merge(
-        out.data_ptr(),
-        own,
-        own_stride,
-        own_len,
-        lists,
-        slot_stride,
-        list_stride,
-        row_stride,
-        list_len,
-        flags,
-        state,
-        err,
-        timeout_ns,
-        rank,
-        world_size,
-        topk,
-        T,
-        max_rows,
-        mech,
-        int(direct),
-        *launch_grid,
-        int(pdl),
-        stream,
-    )
-    if rc != 0:
-        raise RuntimeError(f"peerdcp topk merge launch failed: CUDA error {rc}")
+    addrs = [own, lists, flags, state, err]
+    ints = [own_stride, slot_stride, list_stride, row_stride, timeout_ns, own_len, list_len, rank, world_size, topk,
+            max_rows, mech, int(direct), *launch_grid, int(pdl)]  # fmt: skip
+    if torch.compiler.is_compiling():
+        torch.ops.peerdcp.topk_merge(out, addrs, ints)
+        return
+    _launch(load().peerdcp_topk_merge, _merge_params(out, addrs, ints), out.device, "merge")
 
 
-@functools.cache
-def select_max_n() -> int:
-    """Largest n = min(topk, L) :func:`select` handles (its gather holds 4096 keys, of which the sort keeps the n
-    largest; a radix level may stop with up to 4096 - n + 1 candidates)."""
-    return int(load().peerdcp_topk_select_max_n())
+@torch.library.custom_op("peerdcp::topk_merge", mutates_args=("out",), device_types="cuda")
+def topk_merge(out: torch.Tensor, addrs: list[int], ints: list[int]) -> None:
+    """:func:`merge` as an op: ``addrs`` and ``ints`` as :func:`_merge_params` reads them."""
+    _launch(load().peerdcp_topk_merge, _merge_params(out, addrs, ints), out.device, "merge")
 
 
-@functools.cache
-def max_select_clusters(ctas: int, device: int) -> int:
-    """Most clusters of ``ctas`` selection CTAs resident at once on ``device`` (CUDA's occupancy query; -1 when it
-    fails). A cluster must fit in one GPC, so this is below SMs / ctas: e.g. 32 rows x 4 CTAs (128 of 132 SMs) ran
-    as two waves on H200, 1.4x slower than one CTA per row."""
-    with torch.cuda.device(device):
-        return int(load().peerdcp_topk_select_max_clusters(ctas))
+@topk_merge.register_fake
+def _topk_merge_fake(out, addrs, ints) -> None:
+    return None
 
 
-def select_ctas(rows: int, device: int, length: int | None = None) -> int:
-    """CTAs per row of the CUDA selection of ``rows`` rows of ``length`` scores on ``device``:
-    ``TUNING["select_ctas"]`` when set; else the largest C of 8, 4, 2 whose ``rows`` clusters are all resident at
-    once (:func:`max_select_clusters`) if it spares each CTA more than :data:`CLUSTER_MIN_SPARED` scores
-    (``length`` · (1 - 1/C)), else 1.
-    One CTA of 1024 threads per row leaves the other SMs idle at few rows; a cluster of C splits the row's reads
-    C ways, but its steps (the count and histogram exchanges, the funnel into CTA 0, which then sorts alone) cost
-    about as much as one CTA's gather of ~8K scores (``scripts/diag/select_ctas_sweep.py`` (in git history),
-    8-64 rows: at 8K scores one CTA 11.8-12.0 µs, clusters of 2 / 4 / 8 13.3-13.6 / 12.8-13.0 / 12.8; at 16K one CTA
-    13.4-13.8, C = 2 13.6-14.0, C = 4 13.2-13.4, C = 8 12.95; at 32K every cluster faster). A smaller C spares fewer
-    scores, so when the largest resident C does not pay, none does. Rows of at most :data:`SELECT_BUF` scores
-    (gathered whole by index) never take a cluster. ``length`` None: the largest resident C."""
-    forced = int(TUNING["select_ctas"])
-    if forced:
-        return max(1, min(MAX_SELECT_CTAS, forced))
-    for c in (8, 4, 2):
-        if rows <= max_select_clusters(c, device):
-            return c if length is None or length * (c - 1) > CLUSTER_MIN_SPARED * c else 1
-    return 1
-
-
+# -------------------------------------------------------------------------------------------- the selection
 class Publish(NamedTuple):
     """The direct Top-K's publish step, run by :func:`select` after each row (``selector.py`` has the protocol):
     ``peers`` ``int64 [W]`` every rank's buffer base address (device tensor), ``state`` ``int64 [1 + max_rows]``
@@ -306,6 +317,20 @@ class Publish(NamedTuple):
     max_rows: int
 
 
+def _select_params(out, logits, seq_lens, peers, state, ints: list[int]) -> TopkSelectParams:
+    """The block of a selection: ``ints`` (force_first, force_last, inbox, rank, W, I, radix_only, ctas, K,
+    max_rows) as the op passes them; ``peers`` / ``state`` None: no publish."""
+    p = TopkSelectParams()
+    T, L = logits.shape
+    p.out, p.logits, p.seq_lens = out.data_ptr(), logits.data_ptr(), seq_lens.data_ptr()
+    p.peers = peers.data_ptr() if peers is not None else None
+    p.state = state.data_ptr() if state is not None else None
+    p.logits_stride, p.lens64 = logits.stride(0), int(seq_lens.dtype == torch.int64)
+    p.Lmax, p.n, p.T = L, out.shape[1], T
+    (p.force_first, p.force_last, p.inbox, p.rank, p.W, p.I, p.radix_only, p.ctas, p.K, p.max_rows) = ints
+    return p
+
+
 def select(
     out: torch.Tensor,
     logits: torch.Tensor,
@@ -316,81 +341,56 @@ def select(
     interleave: int,
     force_first: int,
     force_last: int,
+    ctas: int,
+    radix_only: bool = False,
     publish: Publish | None = None,
 ) -> None:
     """This rank's canonical candidates of every row: ``out [T, n]`` int64 (contiguous, n = min(topk, L) <=
     :func:`select_max_n`) = the n largest canonical keys of row t's local scores ``logits [T, L]`` fp32 (rows
-    contiguous), descending, -1 past the row's valid keys - what ``selector._local_keys`` returns, bit for bit.
-    ``seq_lens [T]`` int32/int64 global lengths. :func:`select_ctas` CTAs per row (a thread-block cluster when more
-    than one). With ``publish``, each row is also published to the direct Top-K's peers (the publish kernel's work).
-    The caller validated shapes; a launch error raises RuntimeError."""
-    T, L = logits.shape
-    stream = current_stream_handle(out.device)
-    dev = cuda_index(out.device)
-    rc = load().peerdcp_topk_select(
-        out.data_ptr(),
-        logits.data_ptr(),
-        logits.stride(0),
-        seq_lens.data_ptr(),
-        int(seq_lens.dtype == torch.int64),
-        L,
-        out.shape[1],
-        T,
-        rank,
-        world_size,
-        interleave,
-        force_first,
-        force_last,
-        int(bool(TUNING["select_radix_only"])),
-        select_ctas(T, dev, L),
-        *(
-            (None, None, 0, 0, 0)
-            if publish is None
-            else (publish.peers.data_ptr(), publish.state.data_ptr(), publish.inbox, publish.topk, publish.max_rows)
-        ),
-        stream,
-    )
-    if rc != 0:
-        raise RuntimeError(f"peerdcp topk select launch failed: CUDA error {rc}")
+    contiguous), descending, -1 past the row's valid keys - what ``candidates.local_keys`` returns, bit for bit.
+    ``seq_lens [T]`` int32/int64 global lengths. ``ctas`` CTAs per row (1 to :data:`MAX_SELECT_CTAS`; a
+    thread-block cluster when more than one; :func:`peerdcp.topk.policy.select_ctas`), ``radix_only``: skip the
+    threshold estimate. With ``publish``, each row is also published to the direct Top-K's peers (the publish
+    kernel's work). The caller validated shapes; a launch error raises RuntimeError."""
+    peers, state = (publish.peers, publish.state) if publish is not None else (None, None)
+    inbox, K, max_rows = (publish.inbox, publish.topk, publish.max_rows) if publish is not None else (0, 0, 0)
+    ints = [force_first, force_last, inbox, rank, world_size, interleave, int(radix_only), ctas, K, max_rows]
+    if torch.compiler.is_compiling():
+        torch.ops.peerdcp.topk_select(out, logits, seq_lens, peers, state, ints)
+        return
+    _launch(load().peerdcp_topk_select, _select_params(out, logits, seq_lens, peers, state, ints), out.device, "select")
 
 
-# ------------------------------------------------------------------------------------------- indexer scan
-#: the scan library's instances: the register budget as CTAs per SM the compiler must allow (1 = no budget)
-SCORE_MIN_CTAS = (1, 6)
-#: most pages per CTA of the CUDA scan (``kMaxPages`` in csrc/topk/score.cu)
-SCORE_MAX_PAGES = 64
+@torch.library.custom_op("peerdcp::topk_select", mutates_args=("out", "state"), device_types="cuda")
+def topk_select(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    peers: torch.Tensor | None,
+    state: torch.Tensor | None,
+    ints: list[int],
+) -> None:
+    """:func:`select` as an op: ``ints`` as :func:`_select_params` reads them."""
+    _launch(load().peerdcp_topk_select, _select_params(out, logits, seq_lens, peers, state, ints), out.device, "select")
 
 
-@functools.cache
-def load_score() -> ctypes.CDLL:
-    """Build (once per source hash) and load ``libpeerdcp_score.so`` (sm_90a); raises JitError without nvcc."""
-    lib = load_jit("peerdcp_score")
-    lib.peerdcp_topk_score.restype = ctypes.c_int
-    lib.peerdcp_topk_score.argtypes = [
-        _vp, _i64, _vp, _i64,  # q, q_stride, w, w_stride
-        _vp, _i32, _vp, _i64, _i64,  # seq_lens, lens64, table, table_stride, table_cols
-        _vp, _i64, _vp, _i64, _i64,  # kv, num_pages, out, out_stride, Lmax
-        _i32, _i32, _i32, _i32, _i32, _i32, _i32, _i32,  # T, H, rank, W, I, sharded, npage, min_ctas
-        _vp,  # stream
-    ]  # fmt: skip
-    lib.peerdcp_topk_score_occupancy.restype = ctypes.c_int
-    lib.peerdcp_topk_score_occupancy.argtypes = [ctypes.c_int, ctypes.c_int]
-    return lib
+@topk_select.register_fake
+def _topk_select_fake(out, logits, seq_lens, peers, state, ints) -> None:
+    return None
 
 
-@functools.cache
-def score_resident(device: int, min_ctas: int, heads: int) -> int:
-    """Resident CTAs per SM of the CUDA scan instance ``min_ctas`` (of :data:`SCORE_MIN_CTAS`) for ``heads`` query
-    heads on ``device``; 0 where the device is not a Hopper GPU (the library is sm_90a code; nothing is built)."""
-    if min_ctas not in SCORE_MIN_CTAS:
-        raise ValueError(f"peerdcp topk score: no instance for {min_ctas} CTAs per SM; have {SCORE_MIN_CTAS}")
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return 0
-    with torch.cuda.device(device):
-        n = int(load_score().peerdcp_topk_score_occupancy(min_ctas, int(heads <= 32)))
-    if n < 1:
-        raise RuntimeError(f"peerdcp topk score: no occupancy for {min_ctas} CTAs per SM, {heads} heads")
-    return n
+# --------------------------------------------------------------------------------------------- the indexer scan
+def _score_params(out, q_fp8, weights, seq_lens, table, store, ints: list[int]) -> TopkScoreParams:
+    """The block of a scan: ``ints`` (num_pages, rank, W, I, sharded, npage, min_ctas) as the op passes them."""
+    p = TopkScoreParams()
+    p.q, p.q_stride, p.w, p.w_stride = q_fp8.data_ptr(), q_fp8.stride(0), weights.data_ptr(), weights.stride(0)
+    p.seq_lens, p.lens64 = seq_lens.data_ptr(), int(seq_lens.dtype == torch.int64)
+    if table is not None:
+        p.table, p.table_stride, p.table_cols = table.data_ptr(), table.stride(0), table.shape[1]
+    p.kv, p.out, p.out_stride, p.Lmax = store.data_ptr(), out.data_ptr(), out.stride(0), out.shape[1]
+    p.T, p.H = q_fp8.shape[0], q_fp8.shape[1]
+    (p.num_pages, p.rank, p.W, p.I, p.sharded, p.npage, p.min_ctas) = ints
+    return p
 
 
 def score(
@@ -414,31 +414,29 @@ def score(
     ``table [T, cols]`` int32 local pages or None, ``store`` the cache's pages (``num_pages`` x 8448 bytes, 16-byte
     aligned). ``npage`` pages per CTA (1 to :data:`SCORE_MAX_PAGES`), ``min_ctas`` of :data:`SCORE_MIN_CTAS`. The
     caller validated shapes; a launch error raises RuntimeError."""
-    T, H = q_fp8.shape[0], q_fp8.shape[1]
-    rc = load_score().peerdcp_topk_score(
-        q_fp8.data_ptr(),
-        q_fp8.stride(0),
-        weights.data_ptr(),
-        weights.stride(0),
-        seq_lens.data_ptr(),
-        int(seq_lens.dtype == torch.int64),
-        table.data_ptr() if table is not None else None,
-        table.stride(0) if table is not None else 0,
-        table.shape[1] if table is not None else 0,
-        store.data_ptr(),
-        num_pages,
-        out.data_ptr(),
-        out.stride(0),
-        out.shape[1],
-        T,
-        H,
-        rank,
-        world_size,
-        interleave,
-        int(sharded),
-        npage,
-        min_ctas,
-        current_stream_handle(out.device),
-    )
-    if rc != 0:
-        raise RuntimeError(f"peerdcp topk score launch failed: CUDA error {rc}")
+    ints = [num_pages, rank, world_size, interleave, int(sharded), npage, min_ctas]
+    if torch.compiler.is_compiling():
+        torch.ops.peerdcp.topk_score(out, q_fp8, weights, seq_lens, table, store, ints)
+        return
+    p = _score_params(out, q_fp8, weights, seq_lens, table, store, ints)
+    _launch(load_score().peerdcp_topk_score, p, out.device, "score")
+
+
+@torch.library.custom_op("peerdcp::topk_score", mutates_args=("out",), device_types="cuda")
+def topk_score(
+    out: torch.Tensor,
+    q_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    table: torch.Tensor | None,
+    store: torch.Tensor,
+    ints: list[int],
+) -> None:
+    """:func:`score` as an op: ``ints`` as :func:`_score_params` reads them."""
+    p = _score_params(out, q_fp8, weights, seq_lens, table, store, ints)
+    _launch(load_score().peerdcp_topk_score, p, out.device, "score")
+
+
+@topk_score.register_fake
+def _topk_score_fake(out, q_fp8, weights, seq_lens, table, store, ints) -> None:
+    return None

@@ -26,7 +26,7 @@ so back-to-back calls and CUDA-graph replays need no host synchronization and no
    binary-search the inbox (loads bypass L1) and scatter the ids. A wait that times out writes the error
    word and the program skips the data; the next call (or ``check()``) raises ``PeerTimeoutError``.
 
-``select()`` on a GPU (the CUDA selection and merge, ``ops.TUNING["select_publish"]``) runs step 1 inside the
+``select()`` on a GPU (the CUDA selection and merge, ``TopKPolicy.select_publish``) runs step 1 inside the
 selection kernel: the CTA that stored row t's candidates publishes them right after (``publish_row`` in
 ``csrc/topk/select.cu``; the -1 pre-fill is the Triton merge's only), one launch less. ``merge()`` called
 alone always launches the publish kernel. Both advance the same epochs, so the two paths mix freely.
@@ -46,264 +46,42 @@ through ``all_gather_into_tensor`` on the group, then the same merge kernel.
 
 from __future__ import annotations
 
-import warnings
+import copy
 
 import torch
 import torch.distributed as dist
 import triton
 
-from .._runtime.checks import cuda_index, is_int, resolve_device, timeout_problem
+from .._runtime.checks import cuda_index, resolve_device
 from .._runtime.device import ErrorWord, mechanism_code, on_gpu, spin_budget
 from .._runtime.groups import agree_args, agree_or_release, all_gather_object, bounded_collective, resolve_group
 from .._runtime.lifecycle import Collective
 from ..errors import PeerSetupError, PeerTimeoutError
-from ..memory import MEMORY_KINDS, allocate, choose_memory
+from ..memory import allocate, choose_memory
 from . import ops
-from . import reference as ref
-from .kernels import _keys_kernel, _merge_kernel, _owned_kernel, _publish_kernel
+from . import policy as pol
+from .candidates import (
+    MAX_TOPK,
+    _check_force,
+    _check_lengths_on_host,
+    _check_logits_and_lens,
+    _choose_merge_impl,
+    _local_keys,
+    _merge_block,
+    _merge_lists,
+    _uses_cuda_select,
+    canonical_topk,
+)
+from .config import BACKENDS, buffer_layout, check_args
+from .kernels import _merge_kernel, _owned_kernel, _publish_kernel
+from .policy import TopKPolicy
 
-__all__ = ["TopK", "canonical_topk", "BACKENDS", "MAX_TOPK"]
-
-BACKENDS = ("auto", "direct", "allgather")
-MAX_TOPK = 1 << 16
-_MAX_SEQ = (1 << 31) - 1  # ids are int32 and the key keeps 31 id bits
+# (canonical_topk, _local_keys, _merge_lists live in .candidates; importable from here as before)
+__all__ = ["TopK", "canonical_topk", "BACKENDS", "MAX_TOPK", "buffer_layout"]
 
 
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is deprecated there)
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _check_logits_and_lens(where: str, local_logits, seq_lens, device: torch.device) -> tuple[int, int]:
-    if not isinstance(local_logits, torch.Tensor) or local_logits.dtype != torch.float32:
-        raise TypeError(f"{where}: local_logits must be an fp32 tensor [T, L_local_max]")
-    if local_logits.dim() != 2:
-        raise ValueError(f"{where}: local_logits must be 2-D [T, L_local_max], got shape {tuple(local_logits.shape)}")
-    T, L = local_logits.shape
-    if L > 1 and local_logits.stride(1) != 1:
-        raise ValueError(f"{where}: local_logits rows must be contiguous (stride(1) == 1)")
-    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{where}: seq_lens must be an int32/int64 tensor [T]")
-    if tuple(seq_lens.shape) != (T,):
-        raise ValueError(f"{where}: seq_lens must be [{T}] (one global length per row), got {tuple(seq_lens.shape)}")
-    if T > 1 and seq_lens.stride(0) != 1:  # (the kernels read seq_lens[t] at t: a column view read other lengths)
-        raise ValueError(f"{where}: seq_lens must be contiguous, got stride {seq_lens.stride()}")
-    for name, x in (("local_logits", local_logits), ("seq_lens", seq_lens)):
-        if x.device != device:
-            raise ValueError(f"{where}: {name} is on {x.device}, expected {device}")
-    return T, L
-
-
-def _check_force(where: str, force_first: int, force_last: int) -> None:
-    for name, v in (("force_first", force_first), ("force_last", force_last)):
-        if not is_int(v) or not 0 <= v <= _MAX_SEQ:  # (the CUDA kernel takes it as int64: 2^63 wrapped negative)
-            raise ValueError(f"{where}: {name} must be an int in [0, {_MAX_SEQ}], got {v!r}")
-
-
-def _check_lengths_on_host(where: str, seq_lens: torch.Tensor, L: int, rank: int, W: int, I: int) -> None:
-    """CPU tensors only (free to read): every row's local length must fit in ``L_local_max``."""
-    if seq_lens.device.type != "cpu" or seq_lens.numel() == 0:
-        return
-    mx, mn = int(seq_lens.max()), int(seq_lens.min())
-    if mn < 0 or mx > _MAX_SEQ:
-        raise ValueError(f"{where}: seq_lens must lie in [0, {_MAX_SEQ}], got [{mn}, {mx}]")
-    need = ref.local_length(mx, rank, W, I)
-    if need > L:
-        raise ValueError(f"{where}: seq_len {mx} has {need} local tokens on rank {rank}, local_logits holds {L}")
-
-
-_SELECT_UNAVAILABLE: dict[int, str] = {}  # device index -> why the CUDA selection cannot be used there
-
-
-def _cuda_select_ok(device: torch.device, n: int, L: int) -> bool:
-    """Whether ``_local_keys`` takes the CUDA selection (``ops.select``) for ``n`` of ``L`` keys on ``device``."""
-    if ops.TUNING["local_select"] != "auto" or not on_gpu(device) or L >= (1 << 31) - (1 << 14):
-        return False
-    idx = cuda_index(device)
-    if idx not in _SELECT_UNAVAILABLE:
-        try:
-            ops.select_max_n()
-            _SELECT_UNAVAILABLE[idx] = ""
-        except Exception as e:  # noqa: BLE001 - no nvcc / build failure: the Triton + torch path is exact too
-            _SELECT_UNAVAILABLE[idx] = f"{type(e).__name__}: {e}"
-            msg = f"TopK: CUDA candidate selection unavailable ({e!s:.200}); using the Triton keys + torch.topk path"
-            warnings.warn(msg, stacklevel=3)
-    return not _SELECT_UNAVAILABLE[idx] and n <= ops.select_max_n()
-
-
-def buffer_layout(W: int, max_rows: int, topk: int) -> tuple[int, int]:
-    """The direct protocol's per-rank buffer: (word offset of the inbox ``int64 [2, W, max_rows, topk]``, total
-    int64 words). Flags ``int64 [2, W, max_rows]`` first, the inbox 256-byte aligned after them."""
-    inbox = -(-2 * W * max_rows // 32) * 32
-    return inbox, inbox + 2 * W * max_rows * topk
-
-
-def _uses_cuda_select(device: torch.device, k: int, L: int) -> bool:
-    """Whether :func:`_local_keys` takes the CUDA selection (the only path that can publish) for top ``k`` of ``L``
-    local columns on ``device``."""
-    return L > 0 and _cuda_select_ok(device, min(k, L), L)
-
-
-def _local_keys(local_logits, seq_lens, k, rank, W, I, force_first, force_last, publish=None) -> torch.Tensor:
-    """``int64 [T, max(1, min(k, L))]``: this rank's canonical candidates, keys descending, -1 tail.
-
-    On a GPU, ``csrc/topk/select.cu`` computes the keys from the scores and selects them in one kernel (radix
-    select + shared-memory sort; one CTA per row, or a cluster of up to 8 per row at few rows) for n = min(k, L)
-    <= 2048; otherwise (and in the interpreter) the Triton ``_keys_kernel`` writes every key and ``torch.topk`` /
-    ``torch.sort`` picks them. Same output. ``publish`` (an ``ops.Publish``; only where :func:`_uses_cuda_select`):
-    the selection kernel also publishes each row to the direct Top-K's peers."""
-    T, L = local_logits.shape
-    dev = local_logits.device
-    if L == 0:
-        return torch.full((T, 1), -1, dtype=torch.int64, device=dev)
-    n = min(k, L)
-    if publish is not None or _uses_cuda_select(dev, k, L):  # (a publishing caller checked it)
-        out = torch.empty(T, n, dtype=torch.int64, device=dev)
-        ops.select(
-            out,
-            local_logits,
-            seq_lens,
-            rank=rank,
-            world_size=W,
-            interleave=I,
-            force_first=force_first,
-            force_last=force_last,
-            publish=publish,
-        )
-        return out
-    if publish is not None:
-        raise RuntimeError("_local_keys: publish needs the CUDA selection")  # (the caller checks first)
-    keys = torch.empty(T, L, dtype=torch.int64, device=dev)
-    BLOCK = 1024 if dev.type == "cuda" else min(triton.next_power_of_2(L), 1 << 16)
-    _keys_kernel[(T, triton.cdiv(L, BLOCK))](
-        local_logits,
-        local_logits.stride(0),
-        seq_lens,
-        keys,
-        L,
-        rank,
-        W,
-        I,
-        force_first,
-        force_last,
-        BLOCK=BLOCK,
-    )
-    if k >= L:
-        # every local token is a candidate: just order them (keys are unique, -1 only for padding)
-        return torch.sort(keys, dim=1, descending=True).values
-    return torch.topk(keys, k, dim=1, largest=True, sorted=True).values
-
-
-def _merge_block(k: int, wp: int, device: torch.device) -> int:
-    if device.type != "cuda":
-        return triton.next_power_of_2(k)
-    return max(16, min(triton.next_power_of_2(k), 512 // wp))
-
-
-MERGE_IMPLS = ("auto", "cuda", "triton")
-
-
-def _choose_merge_impl(requested: str, device: torch.device, W: int, k: int) -> tuple[str, str]:
-    """``(impl, why)`` for the merge kernel (``requested``: one of :data:`MERGE_IMPLS`, checked by the caller):
-    ``"cuda"`` (csrc/topk/merge.cu, the lists of a row staged in shared memory) on a GPU when it builds and
-    ``W * k`` keys fit one CTA's shared memory, else ``"triton"`` (the interpreter path and twin).
-    ``requested="cuda"`` that cannot be met raises ValueError."""
-    if requested == "triton":
-        return "triton", "triton merge requested"
-    why = None
-    if not on_gpu(device):
-        why = "no GPU (interpreter or CPU)"
-    else:
-        try:
-            cap = ops.max_keys(cuda_index(device))
-            if W * k > cap:
-                why = f"W*topk = {W * k} keys exceed one CTA's shared memory ({cap})"
-        except Exception as e:  # noqa: BLE001 - no nvcc / build failure: say so, use Triton
-            why = f"CUDA merge kernel unavailable ({type(e).__name__}: {e})"
-    if why is None:
-        return "cuda", "cuda merge (csrc/topk/merge.cu)"
-    if requested == "cuda":
-        raise ValueError(f"TopK: merge_impl='cuda' is not available: {why}")
-    return "triton", f"triton merge: {why}"
-
-
-def _merge_lists(out: torch.Tensor, lists: torch.Tensor, W: int, k: int, impl: str = "triton") -> None:
-    """Merge ``lists [W, T, n]`` (each row sorted, -1 tail) into ``out [T, k]`` (no peers involved)."""
-    _, T, n = lists.shape
-    if impl == "cuda":
-        lists = lists.contiguous()
-        ops.merge(
-            out,
-            lists=lists.data_ptr(),
-            slot_stride=0,
-            list_stride=T * n,
-            row_stride=n,
-            list_len=n,
-            world_size=W,
-            topk=k,
-            direct=False,
-        )
-        return
-    WP = triton.next_power_of_2(W)
-    BLOCK = _merge_block(k, WP, out.device)
-    out.fill_(-1)
-    _merge_kernel[(T, triton.cdiv(k, BLOCK), W)](
-        out,
-        0,
-        0,
-        0,
-        lists.data_ptr(),
-        n,
-        0,
-        T * n,
-        n,
-        0,
-        0,
-        0,
-        0,
-        1,
-        0,
-        0,
-        W=W,
-        WP=WP,
-        K=k,
-        BLOCK=BLOCK,
-        LOGK=k.bit_length(),
-        DIRECT=False,
-        MECH=mechanism_code("topk"),
-        GPU=on_gpu(out.device),
-    )
-
-
-def canonical_topk(
-    logits: torch.Tensor,
-    seq_lens: torch.Tensor,
-    topk: int = 2048,
-    *,
-    force_first: int = 0,
-    force_last: int = 0,
-) -> torch.Tensor:
-    """Single-rank canonical top-k (the replicated-index baseline; no communication).
-
-    Args:
-        logits: ``[T, L]`` fp32 scores by global token id (entries at or past a row's length ignored).
-        seq_lens: ``[T]`` int32/int64 sequence lengths.
-        topk: tokens kept per row.
-        force_first, force_last: the first / last this many tokens of each row are scored +inf.
-
-    Returns:
-        ``[T, topk]`` int32 ids in canonical order (score desc, id asc, NaN lowest, -0 == +0), -1 padded.
-    """
-    if not is_int(topk) or not 1 <= topk <= MAX_TOPK:
-        raise ValueError(f"canonical_topk: topk must be an int in [1, {MAX_TOPK}], got {topk!r}")
-    T, L = _check_logits_and_lens("canonical_topk", logits, seq_lens, logits.device)
-    _check_force("canonical_topk", force_first, force_last)
-    _check_lengths_on_host("canonical_topk", seq_lens, L, 0, 1, 1)
-    out = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
-    if T == 0:
-        return out
-    keys = _local_keys(logits, seq_lens, topk, 0, 1, 1, force_first, force_last)
-    _merge_lists(out, keys[None], 1, topk)
-    return out
 
 
 class TopK(Collective):
@@ -327,6 +105,8 @@ class TopK(Collective):
         device: CUDA device (default: current) or ``"cpu"`` (default when ``memory="host"`` or no CUDA).
         merge_impl: merge kernel, ``"auto"`` (CUDA C++ on a GPU when it builds and fits, else Triton),
             ``"cuda"`` or ``"triton"``; both give the same ids. Local to each rank (:attr:`merge_impl`).
+        policy: the selection's and the merge's launch rules (:class:`~peerdcp.topk.policy.TopKPolicy`; None:
+            :func:`~peerdcp.topk.policy.default_policy`). Local to each rank: the ids never depend on it.
 
     Peer memory per rank (direct): ``16*W*max_rows*(topk + 1)`` bytes.
     """
@@ -343,33 +123,14 @@ class TopK(Collective):
         timeout_s: float = 10.0,
         device: torch.device | str | int | None = None,
         merge_impl: str = "auto",
+        policy: TopKPolicy | None = None,
     ) -> None:
         # the arguments are checked on every rank, then agreed: a rank with a bad one raises its error and every
         # other rank a PeerSetupError naming it (none waits for it in the next collective)
         local_err: BaseException | None = None
         dev = None
         try:
-            if not is_int(max_rows):
-                raise TypeError(f"TopK: max_rows must be an int, got {type(max_rows).__name__}")
-            if max_rows < 1:
-                raise ValueError(f"TopK: max_rows must be >= 1, got {max_rows}")
-            if not is_int(topk):
-                raise TypeError(f"TopK: topk must be an int, got {type(topk).__name__}")
-            if not 1 <= topk <= MAX_TOPK:
-                raise ValueError(f"TopK: topk must be in [1, {MAX_TOPK}], got {topk}")
-            if backend not in BACKENDS:
-                raise ValueError(f"TopK: backend must be one of {BACKENDS}, got {backend!r}")
-            if memory not in MEMORY_KINDS:
-                raise ValueError(f"TopK: memory must be one of {MEMORY_KINDS}, got {memory!r}")
-            if not is_int(interleave):
-                raise TypeError(f"TopK: interleave must be an int, got {type(interleave).__name__}")
-            if interleave < 1:
-                raise ValueError(f"TopK: interleave must be >= 1, got {interleave}")
-            bad_timeout = timeout_problem(timeout_s)
-            if bad_timeout:
-                raise ValueError(f"TopK: {bad_timeout}")
-            if merge_impl not in MERGE_IMPLS:
-                raise ValueError(f"TopK: merge_impl must be one of {MERGE_IMPLS}, got {merge_impl!r}")
+            check_args(max_rows, topk, backend, memory, interleave, timeout_s, merge_impl, policy)
             dev = resolve_device(device, cpu=memory == "host", owner="TopK: ")
         except (TypeError, ValueError) as e:
             local_err = e
@@ -416,6 +177,7 @@ class TopK(Collective):
             self.backend, self.memory = "allgather", "none"
             self.reason = f"allgather: {why}"
         self.merge_impl, why_merge = merge_choice
+        self._set_policy(pol.default_policy() if policy is None else policy)
         self.reason += f"; {why_merge}"
         local_err = None
         try:
@@ -426,6 +188,20 @@ class TopK(Collective):
         except Exception as e:  # noqa: BLE001 - (out of device / pinned memory on this rank: agreed below)
             local_err = e
         agree_or_release(info, local_err, "TopK set-up", self._buf)  # (allgather too: its calls are collective)
+
+    def _set_policy(self, policy: TopKPolicy) -> None:
+        self._policy = policy
+        # the selection kernel may publish (direct, the CUDA merge, the policy's select_publish); per call it also
+        # needs T <= max_rows and the CUDA selection for the call's width
+        self._may_publish = bool(policy.select_publish) and self._buf is not None and self.merge_impl == "cuda"
+
+    def _with_policy(self, policy: TopKPolicy) -> TopK:
+        """Tests and benchmarks only: a view of this object - the same buffer, epochs and error word, so its calls
+        interleave with this object's as one object's would - whose calls follow ``policy``. Close the original
+        (the view does not own the resources)."""
+        view = copy.copy(self)
+        view._set_policy(policy)
+        return view
 
     # ----------------------------------------------------------------------------------- stages
     def local_candidates(
@@ -453,11 +229,9 @@ class TopK(Collective):
         pub = None
         if (
             publish
-            and ops.TUNING["select_publish"]
-            and self._buf is not None
+            and self._may_publish
             and 0 < T <= self.max_rows
-            and self.merge_impl == "cuda"
-            and _uses_cuda_select(self.device, self.topk, L)
+            and _uses_cuda_select(self.device, self.topk, L, policy=self._policy)
         ):
             pub = ops.Publish(self._buf.peer_ptrs, self._state, self._inbox_word, self.topk, self.max_rows)
         keys = _local_keys(
@@ -470,6 +244,7 @@ class TopK(Collective):
             force_first,
             force_last,
             publish=pub,
+            policy=self._policy,
         )
         return keys, pub is not None
 
@@ -537,11 +312,13 @@ class TopK(Collective):
     ) -> None:
         """Kernel 2: wait for the peers' flags of each row (this call's epoch), merge into ``out``. ``pdl``
         (the CUDA merge right after a publishing selection kernel): launched with programmatic dependent launch;
-        ``launch_grid``: the CUDA merge's ``ops.grid`` when the caller computed it."""
+        ``launch_grid``: the CUDA merge's ``policy.grid`` when the caller computed it."""
         buf, W, K = self._buf, self.world_size, self.topk
         T, n = keys.shape
         base = buf.peer_addrs[self.rank]
         if self.merge_impl == "cuda":
+            if launch_grid is None:
+                launch_grid = pol.grid(T, W, K, cuda_index(self.device), policy=self._policy)
             ops.merge(
                 out,
                 own=keys.data_ptr(),
@@ -620,7 +397,7 @@ class TopK(Collective):
             except PeerTimeoutError as e:
                 self._failure = e
                 raise
-        _merge_lists(out, gathered.view(W, T, K), W, K, self.merge_impl)
+        _merge_lists(out, gathered.view(W, T, K), W, K, self.merge_impl, policy=self._policy)
 
     # ----------------------------------------------------------------------------------- public
     def select(
@@ -652,8 +429,9 @@ class TopK(Collective):
         # (the selection kernel did _publish's work, and lets the merge kernel launch early; the merge's grid is
         # computed once for the PDL rule and the launch)
         T, dev = keys.shape[0], cuda_index(self.device)
-        launch_grid = ops.grid(T, self.world_size, self.topk, dev)
-        pdl = ops.merge_pdl(T, self.world_size, self.topk, dev, local_logits.shape[1], launch_grid=launch_grid)
+        W, K, length, p = self.world_size, self.topk, local_logits.shape[1], self._policy
+        launch_grid = pol.grid(T, W, K, dev, policy=p)
+        pdl = pol.merge_pdl(T, W, K, dev, length, launch_grid=launch_grid, policy=p)
         self._merge_inbox(keys, out, pdl=pdl, launch_grid=launch_grid)
         return out
 

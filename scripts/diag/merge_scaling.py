@@ -4,7 +4,7 @@
 
 W sorted candidate lists of k = 2048 keys per row (every list full: the most work a merge can get) lie in local
 memory, and each variant merges them into the exact top-k: ``cuda`` - the CUDA merge with the library's
-rule (``peerdcp.topk.ops.grid``; ``rule`` pN: place-all mode, cN: cut-off mode, N CTAs per row), ``cN`` - the
+rule (``peerdcp.topk.policy.grid``; ``rule`` pN: place-all mode, cN: cut-off mode, N CTAs per row), ``cN`` - the
 cut-off mode forced to N CTAs per row, ``pN`` (``--place-all N ...``) - the place-all mode with N, ``triton`` - the
 Triton merge, ``topk`` - ``torch.topk`` over the W·k gathered keys (the local half of the all-gather baseline).
 Every variant's ids are checked equal to ``topk``'s. On the real path the merge reads the peers' lists over
@@ -16,11 +16,11 @@ graph, 20 calls per replay, median of 50 replays. A diagnosis tool, not a claim.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -67,8 +67,10 @@ def main() -> None:
 
 
 def rank_main(args: dict) -> list[dict]:
+    from peerdcp._runtime.device import num_sms
     from peerdcp.topk import ops
-    from peerdcp.topk.selector import _merge_lists
+    from peerdcp.topk import policy as pol
+    from peerdcp.topk.candidates import _merge_lists
 
     a = argparse.Namespace(**args)
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -83,15 +85,15 @@ def rank_main(args: dict) -> list[dict]:
             expect = [0x7FFFFFFF - (torch.topk(c, K, dim=1).values & 0x7FFFFFFF) for c in cands]
 
             def merge(impl: str, tuning: dict | None, i: int) -> None:
-                with mock.patch.dict(ops.TUNING, tuning or {}):
-                    _merge_lists(outs[i % 2], sets[i % 2], W, K, impl)
+                policy = dataclasses.replace(pol.DEFAULT_POLICY, **(tuning or {}))
+                _merge_lists(outs[i % 2], sets[i % 2], W, K, impl, policy=policy)
 
             variants = {"cuda": ("cuda", None), **{f"c{c}": ("cuda", {"cuda_merge_ctas_per_row": c}) for c in a.ctas}}
             for c in a.place_all:  # at most --waves CTAs per SM (rows * c <= waves * SMs)
-                if T * c <= a.waves * ops.num_sms(dev.index):
+                if T * c <= a.waves * num_sms(dev.index):
                     variants[f"p{c}"] = ("cuda", {"cuda_merge_place_all_ctas": c})
             variants["triton"] = ("triton", None)
-            ctas, place_all = ops.grid(T, W, K, dev.index)
+            ctas, place_all = pol.grid(T, W, K, dev.index)
             row = {"W": W, "rows": T, "rule": f"{'p' if place_all else 'c'}{ctas}", "same": True}
             for name, (impl, tuning) in variants.items():
                 for i in range(2):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import os
 import statistics
@@ -43,7 +44,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--radix-only", action="store_true")
-    ap.add_argument("--ctas", type=int, default=0, help="CTAs per row (0: the rule of ops.select_ctas)")
+    ap.add_argument("--ctas", type=int, default=0, help="CTAs per row (0: the rule of policy.select_ctas)")
     ap.add_argument("--json", action="store_true", help="one JSON object per launch, no medians")
     a = ap.parse_args()
     if "-DPEERDCP_SELECT_TRACE" not in os.environ.get("PEERDCP_NVCC_EXTRA", ""):
@@ -51,11 +52,11 @@ def main() -> int:
     from scripts.diag.select_dist import scores
 
     from peerdcp.topk import ops
+    from peerdcp.topk import policy as pol
 
     lib = ops.load()
     lib.peerdcp_topk_select_trace.argtypes = [ctypes.c_void_p]
-    ops.TUNING["select_radix_only"] = a.radix_only
-    ops.TUNING["select_ctas"] = a.ctas
+    policy = dataclasses.replace(pol.DEFAULT_POLICY, select_radix_only=a.radix_only, select_ctas=a.ctas)
     dev = torch.device("cuda")
     if not a.json:
         print(f"{'length':>8} {'kind':>10} " + " ".join(f"{p:>8}" for p in PHASES) + "   passes retries")
@@ -68,7 +69,11 @@ def main() -> int:
             for _ in range(a.reps):
                 x = scores(kind, 1, L, gen, dev)
                 buf = (ctypes.c_longlong * 10)()  # an older build without the counts leaves words 8-9 at 0
-                ops.select(out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0)
+                ctas = pol.select_ctas(1, torch.cuda.current_device(), L, policy=policy)
+                ops.select(
+                    out, x, lens, rank=0, world_size=1, interleave=1, force_first=0, force_last=0, ctas=ctas,
+                    radix_only=policy.select_radix_only,
+                )  # fmt: skip
                 torch.cuda.synchronize()
                 if lib.peerdcp_topk_select_trace(buf) != 0:
                     raise SystemExit("peerdcp_topk_select_trace failed")

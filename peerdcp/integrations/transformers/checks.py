@@ -4,7 +4,7 @@ Every call of every layer (when :attr:`DCPOptions.check` is on) all-gathers what
 (over the group's gloo twin, on the host) and recomputes what must come out:
 
 * query: the gathered query's bytes equal :func:`peerdcp.query.reference.widened_query` of every rank's shard;
-* topk: the ids equal :func:`peerdcp.topk.selector.canonical_topk` of every rank's scores put back in global order;
+* topk: the ids equal :func:`peerdcp.topk.candidates.canonical_topk` of every rank's scores put back in global order;
 * output: the merged output lies inside :func:`peerdcp.output.reference.dcp_reduce_bounds` of every rank's
   partials (the fp32 error model of the LSE merge: bf16 partials allow no exact answer), and, end to end, within
   ``ATTENTION_REL_ERR`` (norm-wise) of the unsharded attention over every rank's (selected) tokens in fp32 (the
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ...output.reference import dcp_reduce_bounds, outside_bounds
 from ...query.reference import widened_query
 from ...topk import reference as ref
-from ...topk.selector import canonical_topk
+from ...topk.candidates import canonical_topk
 
 __all__ = ["MechanismChecks", "Faults", "FAULTS"]
 

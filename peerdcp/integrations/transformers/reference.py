@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ...query.reference import widened_query
-from ...topk.selector import canonical_topk
+from ...topk.candidates import canonical_topk
 from . import mla
 from .indexer import index_qkw
 

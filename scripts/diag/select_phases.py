@@ -3,9 +3,9 @@
     PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE python3 scripts/diag/select_phases.py [--lengths 4096 16384 ...]
         [--ctas C] [--radix-only] [--kinds normal sink1e4 sink-1e30 ...] [--json]
 
-Builds ``csrc/topk_select.cu`` with ``PEERDCP_SELECT_TRACE`` (a separate cache entry: the extra flag is part of
+Builds ``csrc/topk/select.cu`` with ``PEERDCP_SELECT_TRACE`` (a separate cache entry: the extra flag is part of
 the key), runs ``ops.select`` on one row of random scores per local length (top 2048; ``--ctas``: CTAs per row,
-0 = the library's rule; ``--kinds``: the score distributions of ``select_dist.py``, a fresh row per launch), and prints
+0 = the library's rule; ``--kinds``: the score distributions of :func:`scores`, a fresh row per launch), and prints
 the ``%globaltimer`` stamps of CTA 0's thread 0, in µs from the kernel's
 start: after the samples' histogram (1), after the estimate's gathers (2), after the radix select (3, only when
 the estimate failed), after the trim to the n largest gathered keys (6, only when the bucket pass overflowed),
@@ -37,10 +37,27 @@ PHASES = ("sample", "estimate", "radix", "trim", "sort", "funnel", "end")
 _WORDS = (1, 2, 3, 6, 4, 7, 5)  # g_trace's word of each phase
 
 
+def scores(kind: str, T: int, L: int, gen: torch.Generator, dev: torch.device) -> torch.Tensor:
+    """``[T, L]`` fp32 scores of one distribution: ``lognormal`` (sigma 1), ``cauchy``, ``sinkX`` (normal, local row
+    0 scored X: one far outlier, always among the estimate's samples), else ``bench.topk._local_scores``'s
+    (``normal``, ``indexer``)."""
+    from bench.topk import _local_scores
+
+    if kind == "lognormal":
+        return torch.randn(T, L, generator=gen, device=dev).exp()
+    if kind == "cauchy":
+        return torch.tan(torch.pi * (torch.rand(T, L, generator=gen, device=dev) - 0.5))
+    if kind.startswith("sink"):
+        x = torch.randn(T, L, generator=gen, device=dev)
+        x[:, 0] = float(kind[4:])
+        return x
+    return _local_scores(kind, T, L, gen, dev)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384, 65536, 131072])
-    ap.add_argument("--kinds", nargs="+", default=["normal"], help="score distributions (select_dist.py's)")
+    ap.add_argument("--kinds", nargs="+", default=["normal"], help="score distributions (see scores())")
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--radix-only", action="store_true")
@@ -49,8 +66,6 @@ def main() -> int:
     a = ap.parse_args()
     if "-DPEERDCP_SELECT_TRACE" not in os.environ.get("PEERDCP_NVCC_EXTRA", ""):
         raise SystemExit("set PEERDCP_NVCC_EXTRA=-DPEERDCP_SELECT_TRACE")
-    from scripts.diag.select_dist import scores
-
     from peerdcp.topk import ops
     from peerdcp.topk import policy as pol
 

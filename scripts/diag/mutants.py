@@ -88,7 +88,7 @@ S = "peerdcp/topk/selector.py"
 TC = "peerdcp/topk/candidates.py"
 O = "peerdcp/output/kernels.py"
 Q = "peerdcp/query/kernels.py"
-QR = "peerdcp/query/rows.py"
+QR = Q
 KS = "peerdcp/_runtime/device.py"
 SENT = "peerdcp/output/sentinel.py"
 MRG = "csrc/topk/merge.cu"
@@ -376,8 +376,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ks.wait.no_error_word",
         KS,
-        "    if ok == 0:\n        err = err_addr",
-        "    if ok == 2:\n        err = err_addr",
+        "    if ok == 0:\n        err = error_word(err_addr)",
+        "    if ok == 2:\n        err = error_word(err_addr)",
         (
             TOPK + "test_missing_peer_raises_timeout",
             OUT + "test_missing_peer_raises_timeout",

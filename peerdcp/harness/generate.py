@@ -16,10 +16,7 @@ import os
 import sys
 import time
 
-import torch
-
-from ..memory.probe import SHARED_GPU_ENV, ranks_share_gpus
-from .run import _positive_int, _progress, _short
+from .console import positive_int, progress, short
 
 __all__ = ["add_generate_arguments", "main_generate"]
 
@@ -39,15 +36,15 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights", default=None, help="a local folder of safetensors (as save_pretrained writes them) for --config"
     )
-    p.add_argument("--world", type=_positive_int, default=None, help="ranks (default: GPUs if >= 2, else 2 CPU)")
-    p.add_argument("--new-tokens", type=_positive_int, default=16)
-    p.add_argument("--prompt-len", type=_positive_int, default=12, help="the longest prompt's tokens")
-    p.add_argument("--batch", type=_positive_int, default=2, help="prompts, of different lengths")
-    p.add_argument("--interleave", type=_positive_int, default=1, help="ownership interleave I")
+    p.add_argument("--world", type=positive_int, default=None, help="ranks (default: GPUs if >= 2, else 2 CPU)")
+    p.add_argument("--new-tokens", type=positive_int, default=16)
+    p.add_argument("--prompt-len", type=positive_int, default=12, help="the longest prompt's tokens")
+    p.add_argument("--batch", type=positive_int, default=2, help="prompts, of different lengths")
+    p.add_argument("--interleave", type=positive_int, default=1, help="ownership interleave I")
     p.add_argument("--indexer", default="fp8", choices=["fp8", "exact"])
     p.add_argument("--query", default="bf16", choices=["bf16", "fp8"], help="the gathered query's dtype")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="the model's dtype")
-    p.add_argument("--chunk", type=_positive_int, default=256, help="rows per exchange call (prompts run in chunks)")
+    p.add_argument("--chunk", type=positive_int, default=256, help="rows per exchange call (prompts run in chunks)")
     for mech in ("query", "topk", "output"):
         p.add_argument(f"--{mech}-backend", default="auto", choices=["auto", "direct", "collective"])
     p.add_argument("--memory", default="auto", choices=["auto", "vmm", "symm", "host"])
@@ -84,7 +81,7 @@ def _overrides(items: list[str]) -> dict:
 def main_generate(args: argparse.Namespace) -> int:
     from ..integrations.transformers import check_transformers, checks, decode
     from ..integrations.transformers.verdict import verdict
-    from .launch import RankPool
+    from .launch import RankPool, placement
 
     try:
         check_transformers()
@@ -95,17 +92,11 @@ def main_generate(args: argparse.Namespace) -> int:
     if args.fault not in checks.FAULTS:
         print(f"unknown --fault {args.fault!r}; choose one of {checks.FAULTS}", file=sys.stderr)
         return 2
-    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    shared = ranks_share_gpus(args.world or 2)
-    gpu = shared or (ngpu >= 2 and (args.world or ngpu) <= ngpu)
-    world = args.world or (2 if shared or not gpu else ngpu)
-    backend = "cpu:gloo,cuda:gloo" if shared else "cpu:gloo,cuda:nccl" if gpu else "gloo"
-    where = f"{world} GPU processes" if gpu else f"{world} CPU processes over host shared memory (interpreter)"
-    if shared:
-        where += f" sharing {ngpu} GPU(s) ({SHARED_GPU_ENV}=1: checked, not timed)"
+    place = placement(args.world)
+    world, gpu, shared = place.world, place.on_gpu, place.shared
     timed_label = (
         "measured"
-        if gpu and not shared
+        if place.timed
         else "not a performance figure (" + ("ranks share a GPU)" if shared else "Triton interpreter on CPU)")
     )
     wargs = dict(
@@ -145,19 +136,19 @@ def main_generate(args: argparse.Namespace) -> int:
     ]
     report: dict = {
         "world": world,
-        "where": where,
+        "where": place.where,
         "args": {k: v for k, v in wargs.items() if k != "backends"},
         "backends_requested": wargs["backends"],
         "timing": timed_label,
     }
-    prog = _progress()
+    prog = progress()
     pool = None
     t0 = time.time()
     try:
         if prog:
             prog.start()
             task = prog.add_task("start rank processes", total=1 + len(phases))
-        pool = RankPool(world, backend=backend)
+        pool = RankPool(world, backend=place.backend)
         if prog:
             prog.advance(task)
         for desc, key, fn, fargs in phases:
@@ -213,7 +204,7 @@ def _print_report(rep: dict) -> None:
     for c in ("mechanism", "backend", "memory", "reason"):
         t.add_column(c)
     for name, m in s["mechanisms"].items():
-        t.add_row(name, str(m["backend"]), str(m["memory"]), _short(m["reason"]))
+        t.add_row(name, str(m["backend"]), str(m["memory"]), short(m["reason"]))
     con.print(t)
     v = rep["verdict"]
     t = Table(title="parity with the unsharded model")

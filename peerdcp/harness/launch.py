@@ -14,9 +14,10 @@ import queue
 import tempfile
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RankPool", "RankError", "SAFE_MULTI_GPU_ENV"]
+__all__ = ["Placement", "RankPool", "RankError", "SAFE_MULTI_GPU_ENV", "placement"]
 
 # Multicast/NVLS is never used by peerdcp and is forbidden on the shared lent machines.
 SAFE_MULTI_GPU_ENV = {
@@ -24,6 +25,44 @@ SAFE_MULTI_GPU_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a demo's W ranks run: ``world`` ranks, on GPUs (``on_gpu``; ``shared``: ranks share ``gpus`` GPUs) or
+    CPU processes over host memory; the process group's ``backend`` and a line saying ``where``."""
+
+    world: int
+    gpus: int
+    on_gpu: bool
+    shared: bool
+    backend: str
+    where: str
+
+    @property
+    def timed(self) -> bool:
+        """One GPU per rank: timings measure something (ranks sharing a GPU measure its scheduler; the
+        interpreter measures Python)."""
+        return self.on_gpu and not self.shared
+
+
+def placement(world: int | None) -> Placement:
+    """``world`` ranks (None: every GPU when there are two or more, else 2): one per GPU when there are enough GPUs,
+    ranks sharing the GPUs where ``PEERDCP_SHARED_GPU=1`` allows it, else CPU processes. NCCL refuses two ranks on
+    one GPU, so ranks sharing one talk over gloo."""
+    import torch
+
+    from ..memory.probe import SHARED_GPU_ENV, ranks_share_gpus
+
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    shared = ranks_share_gpus(world or 2)
+    on_gpu = shared or (ngpu >= 2 and (world or ngpu) <= ngpu)
+    world = world or (ngpu if on_gpu and not shared else 2)
+    backend = "cpu:gloo,cuda:gloo" if shared else "cpu:gloo,cuda:nccl" if on_gpu else "gloo"
+    where = f"{world} GPU processes" if on_gpu else f"{world} CPU processes over host shared memory (interpreter)"
+    if shared:
+        where += f" sharing {ngpu} GPU(s) ({SHARED_GPU_ENV}=1: checked, not timed)"
+    return Placement(world, ngpu, on_gpu, shared, backend, where)
 
 
 class RankError(RuntimeError):

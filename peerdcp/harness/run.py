@@ -13,34 +13,16 @@ import dataclasses
 import json
 import os
 import sys
-import textwrap
 import time
 
-import torch
-
-from ..memory.probe import SHARED_GPU_ENV, ranks_share_gpus
+from .console import positive_int, progress, short
 from .geometry import GEOMETRIES, get_geometry
 
 __all__ = ["add_run_arguments", "main_run"]
 
 
-def _short(reason: object, width: int = 160) -> str:
-    """A table cell: the reason cut at a word boundary, marked, not mid-word."""
-    return textwrap.shorten(str(reason), width, placeholder=" …")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def _row_list(text: str) -> list[int]:
-    return [_positive_int(x) for x in text.split(",")]
+    return [positive_int(x) for x in text.split(",")]
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,44 +32,33 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--rows", type=_row_list, default=None,
         help="decode rows T, or a comma list run one after another (default: 8 GPU, 2 CPU)",
     )  # fmt: skip
-    p.add_argument("--context", type=_positive_int, default=None, help="context length (default: 32768 GPU, 256 CPU)")
+    p.add_argument("--context", type=positive_int, default=None, help="context length (default: 32768 GPU, 256 CPU)")
     p.add_argument(
-        "--world", type=_positive_int, default=None, help="ranks (default: all GPUs if >= 2, else 2 CPU processes)"
+        "--world", type=positive_int, default=None, help="ranks (default: all GPUs if >= 2, else 2 CPU processes)"
     )
     p.add_argument("--query-backend", default="auto", choices=["auto", "direct", "allgather"])
     p.add_argument("--topk-backend", default="auto", choices=["auto", "direct", "allgather"])
     p.add_argument("--output-backend", default="auto", choices=["auto", "direct", "a2a", "ag_rs"])
     p.add_argument("--memory", default="auto", choices=["auto", "vmm", "symm", "host"])
     p.add_argument("--scaled", action="store_true", help="use the scaled-down geometry even on GPUs")
-    p.add_argument("--reps", type=_positive_int, default=None, help="timed calls per mechanism (50 GPU, 2 CPU)")
+    p.add_argument("--reps", type=positive_int, default=None, help="timed calls per mechanism (50 GPU, 2 CPU)")
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--json", default=None, help="write the report as JSON to this path")
     p.add_argument("--png", default=None, help="write a bar chart of the timings to this path")
     p.add_argument("--fault", default="none", help=argparse.SUPPRESS)  # tests only: prove the check can fail
 
 
-def _progress():
-    try:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=False)
-    except ImportError:  # pragma: no cover
-        return None
-
-
 def main_run(args: argparse.Namespace) -> int:
     from . import step
-    from .launch import RankPool
+    from .launch import RankPool, placement
 
     if args.fault not in step.FAULTS:
         print(f"unknown --fault {args.fault!r}; choose one of {step.FAULTS}", file=sys.stderr)
         return 2
-    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # PEERDCP_SHARED_GPU=1: ranks may share GPUs (rank r on GPU r % ngpu), for a correctness run with more
-    # ranks than GPUs; NCCL refuses two ranks on one GPU, so the baselines go through gloo, and nothing is timed
-    shared = ranks_share_gpus(args.world or 2)
-    gpu = shared or (ngpu >= 2 and (args.world or ngpu) <= ngpu)
-    world = args.world or (2 if shared else ngpu if gpu else 2)
+    # ranks than GPUs; the baselines then go through gloo, and nothing is timed
+    place = placement(args.world)
+    world, gpu, shared = place.world, place.on_gpu, place.shared
     g = get_geometry(args.geometry)
     if not gpu or args.scaled:
         g = g.scaled_for_cpu()
@@ -98,10 +69,6 @@ def main_run(args: argparse.Namespace) -> int:
     context = args.context or (32768 if gpu else 256)
     reps = args.reps or (50 if gpu else 2)
     backends = {"query": args.query_backend, "topk": args.topk_backend, "output": args.output_backend}
-    backend = "cpu:gloo,cuda:gloo" if shared else "cpu:gloo,cuda:nccl" if gpu else "gloo"
-    where = f"{world} GPU processes" if gpu else f"{world} CPU processes over host shared memory (interpreter)"
-    if shared:
-        where += f" sharing {ngpu} GPU(s) ({SHARED_GPU_ENV}=1: correctness only, not timed)"
     steps = [
         ("create peer objects (collective)", "objects",
          lambda pool, rows: pool.run(step.setup, dataclasses.asdict(g), rows, context, backends, args.memory,
@@ -118,19 +85,19 @@ def main_run(args: argparse.Namespace) -> int:
     if shared:  # time-sliced ranks: a timing would measure the GPU's scheduler
         steps = [s for s in steps if s[1] != "timings"]
     reports = []
-    prog = _progress()
+    prog = progress()
     pool = None
     try:
         if prog:
             prog.start()
             task = prog.add_task("start rank processes", total=1 + len(steps) * len(row_list))
-        pool = RankPool(world, backend=backend)
+        pool = RankPool(world, backend=place.backend)
         if prog:
             prog.advance(task)
         for rows in row_list:
             t0 = time.time()
             report: dict = {"geometry": dataclasses.asdict(g), "world": world, "rows": rows, "context": context,
-                            "where": where, "fault": args.fault, "interpreted": not gpu}  # fmt: skip
+                            "where": place.where, "fault": args.fault, "interpreted": not gpu}  # fmt: skip
             for desc, key, fn in steps:
                 if prog:
                     prog.update(task, description=f"T={rows}: {desc}")
@@ -181,7 +148,7 @@ def _print_report(rep: dict) -> None:
         t.add_column(c)
     for name in ("query", "topk", "output"):
         if name in o:
-            t.add_row(name, o[name]["backend"], str(o[name]["memory"]), _short(o[name]["reason"]))
+            t.add_row(name, o[name]["backend"], str(o[name]["memory"]), short(o[name]["reason"]))
     con.print(t)
     t = Table(title="parity with the unsharded step (per rank)")
     for c in ("rank", "query (bytes)", "top-k ids equal", "merge (fp32 bound)", "output rel err", "verdict"):

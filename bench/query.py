@@ -10,8 +10,8 @@ table. Variants (each checked byte-for-byte against allgather-fused on the same 
   auto | raw | roped | push, memory vmm | symm;
 * ``direct-<impl>-zerocopy-<memory>``: exposed_shard (its ack wait) + gather_exposed (raw exchange;
   ``direct-cuda-zerocopy-auto-vmm``: on an auto object, i.e. the sentinel push's grid);
-* ``direct-cuda-auto-vmm-<tuning>``: the CUDA auto exchange with one ``gather.TUNING`` change (read at
-  construction): ``nopdl`` / ``allpdl``, ``noll`` / ``allll``, ``noll12`` / ``allll12``, ``allll128``,
+* ``direct-cuda-auto-vmm-<tuning>``: the CUDA auto exchange with one ``QueryPolicy`` change (passed
+  as ``policy=``): ``nopdl`` / ``allpdl``, ``noll`` / ``allll``, ``noll12`` / ``allll12``, ``allll128``,
   ``plain`` (the fenced push at every T), ``allsn`` (the sentinel push at every T) / ``sn`` (above LL) /
   ``nosn`` (the former default), ``sn-p2`` (2 blocks per SM), ``sn-nopdl``, ``sn8`` / ``sn16`` (8- / 16-byte
   stores only), ``sn-whole`` (an SN call launches the object's whole grid; the default cuts it),
@@ -37,8 +37,8 @@ target check: 32 heads per rank, FP8, CUDA graphs; the JSON and PNGs go to ``--o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
-from unittest import mock
 
 import torch
 
@@ -74,8 +74,8 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
                     dict(backend="direct", memory=memory, impl=impl, exchange="raw", zerocopy=True),
                 )
             )
-    # TUNING variants (read at construction): PDL never / at every T; each flag-in-data protocol of the push
-    # (LL, SN, LL12, LL128: gather.TUNING) never / at every T; none (the fenced push at every T); the LL push
+    # policy variants (QueryPolicy fields changed from the default): PDL never / at every T; each flag-in-data
+    # protocol of the push (LL, SN, LL12, LL128) never / at every T; none (the fenced push at every T); the LL push
     # without its early first load; the grid at 1, 3 and 4 blocks per SM
     cu = dict(backend="direct", memory="vmm", impl="cuda")
     big = 1 << 40
@@ -91,8 +91,10 @@ def _variants(quick: bool) -> list[tuple[str, dict]]:
     # the sentinel push (FP8): at every T; above the LL bound (LL12 never reached); the first at 4 blocks / SM
     v.append(("direct-cuda-auto-vmm-allsn", dict(cu, tuning=dict(off, cuda_sn_max_bytes=big))))
     v.append(("direct-cuda-auto-vmm-sn", dict(cu, tuning={"cuda_sn_max_bytes": big})))
-    # the session-7 default: FP8 LL up to 16 tokens at 32 heads, LL12 up to 128; BF16 LL12 up to 48; 2 blocks/SM
-    ll7 = {"float8_e4m3fn": 16 * 32 * 576, "bfloat16": 0}
+    # the former default without SN: FP8 LL up to 16 tokens at 32 heads, LL12 up to 128; BF16 LL12 up to 48
+    from peerdcp.query.policy import ByDtype
+
+    ll7 = ByDtype(float8_e4m3fn=16 * 32 * 576, bfloat16=0)
     v.append(("direct-cuda-auto-vmm-nosn", dict(cu, tuning={"cuda_sn_max_bytes": 0, "cuda_ll_max_bytes": ll7})))
     v.append(("direct-cuda-auto-vmm-sn-p2", dict(cu, tuning={"cuda_sn_programs_per_sm": 2})))
     v.append(("direct-cuda-auto-vmm-sn-nopdl", dict(cu, tuning={"cuda_sn_pdl": False})))
@@ -204,8 +206,8 @@ def rank_main(cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     from peerdcp.query import QueryGather
-    from peerdcp.query import gather as G
-    from peerdcp.query.gather import _all_gather_into
+    from peerdcp.query.allgather import all_gather_into
+    from peerdcp.query.policy import default_policy
     from peerdcp.query.rope import cos_sin_cache
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -228,8 +230,8 @@ def rank_main(cfg: dict) -> list[dict]:
                 kw = dict(kw)
                 flags = {k: kw.pop(k) for k in ("zerocopy", "ag_only", "tuning") if k in kw}
                 t0 = time.time()
-                with mock.patch.dict(G.TUNING, flags.get("tuning", {})):  # read at construction
-                    qg = QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw)
+                policy = dataclasses.replace(default_policy(), **flags.get("tuning", {}))
+                qg = QueryGather(max_tokens=max_T, heads_per_rank=H, out_dtype=out_dtype, **kw, policy=policy)
                 objs[name] = (qg, flags)
                 if me == 0 and cfg["verbose"]:
                     print(f"[H={H} {out_name}] {name}: {objs[name][0].reason} ({time.time() - t0:.1f}s)", flush=True)
@@ -260,7 +262,7 @@ def rank_main(cfg: dict) -> list[dict]:
                         gathered = qg._gathered[: W * T * H * qg.head_dim]
 
                         def step(i, qg=qg, staging=staging, gathered=gathered):
-                            _all_gather_into(gathered, staging, qg._info)
+                            all_gather_into(gathered, staging, qg._info, qg.timeout_s)
 
                     elif flags.get("zerocopy"):
                         zn, zp = qg.exposed_shard(T)

@@ -342,7 +342,7 @@ def fail_after_allocation(cls: str, backend: str, fault_rank: int) -> dict:
     import warnings
     from unittest import mock
 
-    target = {"output": "peerdcp.output.setup", "query": "peerdcp.query.gather", "topk": "peerdcp.topk.selector"}
+    target = {"output": "peerdcp.output.setup", "query": "peerdcp.query.setup", "topk": "peerdcp.topk.selector"}
     before = resources()
     patch = mock.patch(f"{target[cls]}.ErrorWord", side_effect=MemoryError("injected: no pinned memory"))
     with warnings.catch_warnings(record=True) as caught:

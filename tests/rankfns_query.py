@@ -4,11 +4,11 @@ compute the full reference locally and compare without any extra communication."
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import random
 import time
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -18,10 +18,10 @@ import triton.language as tl
 from peerdcp._runtime.device import f32_to_bf16_bits
 from peerdcp.errors import PeerSetupError, PeerTimeoutError
 from peerdcp.query import QueryGather, widened_query, widened_query_bounds
-from peerdcp.query import gather as gather_mod
 from peerdcp.query import kernels as K
-from peerdcp.query.kernels import _f32_to_e4m3_bits
+from peerdcp.query.policy import QueryPolicy, default_policy
 from peerdcp.query.rope import cos_sin_cache, plain_cos_sin_cache
+from peerdcp.query.rows import _f32_to_e4m3_bits
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -209,9 +209,9 @@ def case_setup(case: dict, seed: int, T: int = 5, H: int = 3) -> tuple:
     return Tc, nopes, pes, pos, cs, r32, r64, common
 
 
-# The push exchange's protocols of the CUDA kernel, each forced for every T of these cases by its TUNING
-# (read at construction): LL, SN (the sentinel push, FP8 only: BF16 cases fall through to the fenced push /
-# roped), LL12, LL128 and the fenced plain push.
+# The push exchange's protocols of the CUDA kernel, each forced for every T of these cases by its QueryPolicy
+# bounds (changes to the default policy): LL, SN (the sentinel push, FP8 only: BF16 cases fall through to the
+# fenced push / roped), LL12, LL128 and the fenced plain push.
 _ALL = 1 << 40
 _OFF = {"cuda_ll_max_bytes": 0, "cuda_ll12_max_bytes": 0, "cuda_ll128_max_bytes": 0, "cuda_sn_max_bytes": 0}
 CUDA_SN = dict(_OFF, cuda_sn_max_bytes=_ALL, cuda_sn_wide_min_bytes=_ALL)  # SN with 8-byte stores at every T
@@ -227,6 +227,11 @@ CUDA_PUSH = {
     "push_sn_whole": dict(CUDA_SN, cuda_sn_units_per_block=0),
     "push_plain": _OFF,
 }
+
+
+def policy(changes: dict | None = None) -> QueryPolicy:
+    """The default policy with ``changes`` (QueryPolicy field -> value), e.g. one of :data:`CUDA_PUSH`."""
+    return dataclasses.replace(default_policy(), **(changes or {}))
 
 
 def direct_paths(impl: str) -> list[str]:
@@ -252,8 +257,8 @@ def gather_matrix(cases: list[dict], H: int = 3, T: int = 5, memory: str = "auto
                 if path == "exposed":
                     continue  # with the raw object below
                 ex = "push" if path.startswith("push") else path
-                with mock.patch.dict(gather_mod.TUNING, CUDA_PUSH.get(path, {})):
-                    qg = QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, **common)
+                pol = policy(CUDA_PUSH.get(path))
+                qg = QueryGather(backend="direct", memory=memory, exchange=ex, impl=impl, **common, policy=pol)
                 with qg:
                     out = poisoned(qg, Tc)
                     outs[f"direct-{impl}-{path}"] = qg.gather(nopes[me], pes[me], pos, cs, out=out)
@@ -333,7 +338,7 @@ def check_matrix(results: list, names: list[str], memory: str, impls=("triton",)
 
 def _wide(qg, T: int) -> bool:
     """Whether a copy call of T tokens on ``qg`` is a sentinel push with 16-byte stores (the launch's wide bit)."""
-    return qg._copy_mode(T) == K.MODE_PUSH_SN and qg._sn_wide_min is not None and qg._sn_wide_min < T
+    return qg._copy_mode(T) == K.MODE_PUSH_SN and qg._plan.sn_wide_min is not None and qg._plan.sn_wide_min < T
 
 
 def _mode_name(qg, T: int, names: dict) -> str:
@@ -358,27 +363,19 @@ def back_to_back(
 ) -> dict:
     """``n_calls`` calls with changing T, inputs and positions, copy and zero-copy mixed, no barrier and
     no host synchronization between them; every output checked at the end. ``raw_max`` overrides
-    ``AUTO_PUSH_RAW_MAX_TOKENS`` (so small T mix the raw and push exchanges in one object's parity slots);
-    ``ll_max`` sets the CUDA LL bound to that many tokens (``TUNING["cuda_ll_max_bytes"]``, rows of nope 512
+    ``QueryPolicy.auto_push_raw_max_tokens`` (so small T mix the raw and push exchanges in one object's parity slots);
+    ``ll_max`` sets the CUDA LL bound to that many tokens (``QueryPolicy.cuda_ll_max_bytes``, rows of nope 512
     + rope 64), ``sn_max`` / ``ll12_max`` / ``ll128_max`` the SN / LL12 / LL128 bounds likewise, and
     ``sn_wide_min`` the SN calls' 16-byte-store bound (``push_sn16`` above it); ``modes`` names the exchanges
-    used; ``tuning`` patches any other ``TUNING`` keys."""
-    if tuning:
-        with mock.patch.dict(gather_mod.TUNING, tuning):
-            args = (raw_max, ll_max, out_dtype, ll128_max, ll12_max, sn_max, sn_wide_min)
-            return back_to_back(n_calls, H, max_T, impl, memory, *args)
-    if raw_max is not None:
-        with mock.patch.object(gather_mod, "AUTO_PUSH_RAW_MAX_TOKENS", raw_max):
-            return back_to_back(
-                n_calls, H, max_T, impl, memory, None, ll_max, out_dtype, ll128_max, ll12_max, sn_max, sn_wide_min
-            )
+    used; ``tuning`` changes any other QueryPolicy fields."""
     row = H * 576 * out_dtype.itemsize
     bounds = {"cuda_ll_max_bytes": ll_max, "cuda_ll12_max_bytes": ll12_max, "cuda_ll128_max_bytes": ll128_max}
     bounds["cuda_sn_max_bytes"] = sn_max
     bounds["cuda_sn_wide_min_bytes"] = sn_wide_min
-    if any(b is not None for b in bounds.values()):
-        with mock.patch.dict(gather_mod.TUNING, {k: b * row for k, b in bounds.items() if b is not None}):
-            return back_to_back(n_calls, H, max_T, impl, memory, None, None, out_dtype, None, None, None, None)
+    changes = dict(tuning or {})
+    if raw_max is not None:
+        changes["auto_push_raw_max_tokens"] = raw_max
+    changes.update({k: b * row for k, b in bounds.items() if b is not None})
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     g = torch.Generator().manual_seed(99)
@@ -396,6 +393,7 @@ def back_to_back(
         out_dtype=out_dtype,
         pad_heads_to=64 if W * H <= 64 else None,
         device=dev,
+        policy=policy(changes),
     ) as qg:
         info = {"backend": qg.backend, "memory": qg.memory, "impl": qg.impl, "nprog": qg.num_programs}
         names = {K.MODE_RAW: "raw", K.MODE_ROPED: "roped", K.MODE_PUSH: "push", K.MODE_PUSH_LL: "push_ll"}
@@ -545,15 +543,21 @@ def missing_peer(
 ) -> dict:
     """Rank ``absent`` never calls; the others get PeerTimeoutError within about ``timeout_s`` (CPU: from
     the call itself; GPU: from check() or the next call after the kernel finished), and the object refuses
-    every later call with the same error. ``tuning`` patches ``TUNING`` at construction (e.g. to force the
+    every later call with the same error. ``tuning`` changes QueryPolicy fields (e.g. to force the
     CUDA kernel's LL128 protocol); ``copy_mode`` in the result is the kernel mode of the T = 2 call."""
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = plain_cos_sin_cache(64, 64, device=dev)
     nopes, pes, pos = make_inputs(3, W, 2, 2, 512, 64, 64, device=dev)
-    with mock.patch.dict(gather_mod.TUNING, tuning or {}):
-        qg = QueryGather(
-            max_tokens=4, heads_per_rank=2, backend="direct", memory=memory, impl=impl, timeout_s=timeout_s, device=dev
-        )
+    qg = QueryGather(
+        max_tokens=4,
+        heads_per_rank=2,
+        backend="direct",
+        memory=memory,
+        impl=impl,
+        timeout_s=timeout_s,
+        device=dev,
+        policy=policy(tuning),
+    )
     res: dict = {"impl": qg.impl, "memory": qg.memory, "copy_mode": qg._copy_mode(2)}
     try:
         if me == absent:
@@ -620,18 +624,18 @@ def gpu_graph(
     W, me, dev = dist.get_world_size(), dist.get_rank(), _dev()
     cs = cos_sin_cache("deepseek-v3.2", device=dev)
     ex = "push" if mode.startswith("push") else mode if mode == "roped" else "raw"
-    with mock.patch.dict(gather_mod.TUNING, CUDA_PUSH.get(mode, {})):
-        qg = QueryGather(
-            max_tokens=T,
-            heads_per_rank=H,
-            backend="direct",
-            memory=memory,
-            impl=impl,
-            exchange=ex,
-            out_dtype=out_dtype,
-            pad_heads_to=64 if W * H <= 64 else None,
-            device=dev,
-        )
+    qg = QueryGather(
+        max_tokens=T,
+        heads_per_rank=H,
+        backend="direct",
+        memory=memory,
+        impl=impl,
+        exchange=ex,
+        out_dtype=out_dtype,
+        pad_heads_to=64 if W * H <= 64 else None,
+        device=dev,
+        policy=policy(CUDA_PUSH.get(mode)),
+    )
     sets, expected, cs_cpu = [], [], cs.cpu()
     for k in range(n_sets):
         nopes, pes, pos = make_inputs(700 + k, W, T, H, 512, 64, cs.shape[0])
@@ -705,9 +709,8 @@ def sn_bf16_nan_halves(T: int = 5, H: int = 8) -> dict:
     nopes, pes, pos = make_inputs(4242, W, T, H, 512, 64, cs.shape[0])
     for x in nopes:
         x.view(torch.int16).view(-1)[::97] = -1  # 0xFFFF halves spread over every row
-    with mock.patch.dict(gather_mod.TUNING, CUDA_PUSH["push_sn"]):
-        qg = QueryGather(max_tokens=T, heads_per_rank=H, backend="direct", impl="cuda", exchange="push",
-                         out_dtype=BF16, device=dev)  # fmt: skip
+    qg = QueryGather(max_tokens=T, heads_per_rank=H, backend="direct", impl="cuda", exchange="push",
+                     out_dtype=BF16, device=dev, policy=policy(CUDA_PUSH["push_sn"]))  # fmt: skip
     mode = qg._copy_mode(T)
     out = qg.gather(nopes[me].to(dev), pes[me].to(dev), pos.to(dev), cs)
     torch.cuda.synchronize()
@@ -782,7 +785,7 @@ def mismatch_map(case: dict, impl: str, exchange: str, memory: str = "vmm") -> d
         slot_bad = -1  # roped: this rank's finished rows in its own parity slot (first call: slot 1), as the producer
         if exchange == "roped":  # stored them, against its own rows of the reference
             H, D = qg.heads_per_rank, qg.head_dim
-            rows = qg._buf.view(me, (T, H, D), out.dtype, qg._data_off + qg._slot_bytes).cpu()
+            rows = qg._buf.view(me, (T, H, D), out.dtype, qg._layout.data_off + qg._layout.slot_bytes).cpu()
             mine = r32[:, me * H : (me + 1) * H]
             slot_bad = int((rows.view(bits) != mine.view(bits)).sum())
     got, exp = out.view(bits), r32.view(bits)

@@ -1,8 +1,9 @@
-"""The Query CUDA entry point's argument checks, without a GPU (needs nvcc + ninja to build the library):
-bad geometry, unknown modes, the early bit on any mode but LL / SN push, the wide bit on anything but FP8
-interleaved SN, an LL / LL128 / SN push call beyond its area, a launch grid ("blocks") beyond the object's or
-below it for a mode with flags are rejected with cudaErrorInvalidValue before anything touches CUDA, the PDL bit
-is accepted on every valid mode, and T = 0 returns success without a launch."""
+"""The Query CUDA entry points' argument checks, without a GPU (needs nvcc + ninja to build the library): a
+parameter block of another size than ``QueryDirectParams``, bad geometry, unknown modes, the early bit on any mode
+but LL / SN push, the wide bit on anything but FP8 interleaved SN, an LL / LL128 / SN push call beyond its area, a
+launch grid ("blocks") beyond the object's or below it for a mode with flags are rejected with
+cudaErrorInvalidValue before anything touches CUDA, the PDL bit is accepted on every valid mode, and T = 0 returns
+success without a launch."""
 
 from __future__ import annotations
 
@@ -20,31 +21,41 @@ pytestmark = pytest.mark.skipif(
 INVALID = 1  # cudaErrorInvalidValue
 
 
-def _call(
-    *,
-    T=1,
-    W=2,
-    nope=512,
-    rope=64,
-    nprog=4,
-    mode=K.MODE_RAW,
-    ll_max=0,
-    ll128_lines=0,
-    fp8=1,
-    sn_max=0,
-    neox=0,
-    blocks=0,
-) -> int:
+def _params(*, T=1, W=2, nope=512, rope=64, nprog=4, mode=K.MODE_RAW, ll_max=0, ll128_lines=0, fp8=1, sn_max=0,
+            neox=0, blocks=0):  # fmt: skip
     from peerdcp.query import ops
 
-    lib = ops.load()
-    peers = (ctypes.c_uint64 * 8)(*([0x1000] * 8))
-    return lib.peerdcp_query_direct(
-        None, None, 0, 0, 0, 0, None, 0, None, 0, None, ctypes.cast(peers, ctypes.c_void_p), None, None, None,
-        10**9, 1.0, T, 0, W, 16, W * 16, nope, rope, 8, 0, 0, 0, ll_max, 0, ll128_lines, 0, sn_max, nprog, blocks, mode,
-        neox, fp8, 2,
-        None,
-    )  # fmt: skip
+    p = ops.QueryDirectParams()
+    for r in range(8):
+        p.peer_base[r] = 0x1000
+    p.timeout_ns, p.quant_scale, p.max_tokens, p.mech = 10**9, 1.0, 8, 2
+    p.T, p.rank, p.W, p.H, p.HOUT, p.NOPE, p.ROPE = T, 0, W, 16, W * 16, nope, rope
+    p.ll_max_tokens, p.ll128_lines, p.sn_max_tokens = ll_max, ll128_lines, sn_max
+    p.nprog, p.blocks, p.mode, p.neox, p.fp8 = nprog, blocks, mode, neox, fp8
+    return p
+
+
+def _call(**kw) -> int:
+    from peerdcp.query import ops
+
+    p = _params(**kw)
+    return ops.load().peerdcp_query_direct(ctypes.byref(p), ctypes.sizeof(p), None)
+
+
+def test_parameter_block_of_another_size_is_rejected():
+    from peerdcp.query import ops
+
+    lib = ops.load()  # (checks peerdcp_query_params_size against the mirror)
+    p = _params(T=0)
+    for entry in (lib.peerdcp_query_direct, lib.peerdcp_query_wait_acks):
+        assert entry(ctypes.byref(p), ctypes.sizeof(p) - 8, None) == INVALID
+        assert entry(ctypes.byref(p), ctypes.sizeof(p) + 8, None) == INVALID
+        assert entry(None, ctypes.sizeof(p), None) == INVALID
+    assert lib.peerdcp_query_direct(ctypes.byref(p), ctypes.sizeof(p), None) == 0  # T = 0: no launch
+    bad = _params(W=9)
+    assert lib.peerdcp_query_wait_acks(ctypes.byref(bad), ctypes.sizeof(bad), None) == INVALID
+    bad = _params(nprog=0)
+    assert lib.peerdcp_query_wait_acks(ctypes.byref(bad), ctypes.sizeof(bad), None) == INVALID
 
 
 def test_bad_geometry_and_modes_rejected_before_any_cuda_call():

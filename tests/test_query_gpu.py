@@ -12,8 +12,8 @@ import rankfns_query as fns
 import torch
 from conftest import GPU_BACKEND, GPU_WORLD
 
-from peerdcp.query import gather as gather_mod
 from peerdcp.query import kernels as K
+from peerdcp.query.policy import DEFAULT_POLICY
 
 pytestmark = pytest.mark.multigpu
 
@@ -135,7 +135,7 @@ def test_gpu_back_to_back_eager(gpool, impl):
 
 def _b2b_modes(impl: str) -> list[str]:
     """The exchanges the back-to-back mix must use at GPU_WORLD (FP8; bounds as in the tests below)."""
-    push_slots = GPU_WORLD * 1 / 2 <= gather_mod.PUSH_AUTO_MAX_GROWTH  # FP8 push slot = W / 2 raw slots
+    push_slots = DEFAULT_POLICY.push_auto_max_growth >= GPU_WORLD * 1 / 2  # FP8 push slot = W / 2 raw slots
     above = ["push", "raw"] if push_slots else ["roped"]  # the fenced push (raw at T <= 8) or roped
     if impl == "triton":
         return sorted(["exposed", *above] + ([] if push_slots else ["raw"]))
@@ -181,7 +181,7 @@ def test_gpu_missing_peer_times_out(gpool, impl, tuning, mode):
     assert res[1]["role"] == "absent"
     # the Triton twin's auto exchange: push at W = 2; at W > 2 an FP8 push slot would cost W / 2 raw slots, so
     # T = 2 goes raw (the CUDA cases force push through their tuning)
-    if impl == "triton" and GPU_WORLD / 2 > gather_mod.PUSH_AUTO_MAX_GROWTH:
+    if impl == "triton" and DEFAULT_POLICY.push_auto_max_growth < GPU_WORLD / 2:
         mode = K.MODE_RAW
     for rank, r in enumerate(res):  # every present rank times out (at W > 2 possibly on a late present peer)
         if rank == 1:

@@ -30,7 +30,7 @@
 // pattern in the peer's sentinel area and the consumer restores it (query/flag_in_data.cuh).
 // PUSH_LL128 (mode 5; query_push_ll128_kernel): lines of 128 bytes, 15 data words and a flag word.
 // PUSH_SN16 (PUSH_SN | kModeWide, interleaved RoPE): PUSH_SN with one 16-byte store per pair of words.
-// The host picks among LL, SN, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp.query.gather.TUNING).
+// The host picks among LL, SN, LL12, LL128 and the fenced PUSH by the call's bytes (peerdcp/query/policy.py).
 //
 // PDL (programmatic dependent launch, `mode | kModePdl`; the host sets it by default for T <= 32, where it
 // measured faster - at T >= 64 it measured slower - and for every SN call, where it measured faster): the launch
@@ -222,16 +222,56 @@ cudaError_t launch_mode(const Params& a, bool neox, bool fp8, bool pdl, cudaStre
                     stream);
 }
 
+// The host's parameter block (peerdcp/query/ops.py QueryDirectParams mirrors it: same order, same types), the one
+// argument of both launch entry points; the C entry fills the kernels' Params from it. Passed as void* with its
+// size: QueryDirectParams lives in an unnamed namespace (a signature naming it would get internal linkage even
+// declared extern "C"), and a block of another size (a stale mirror) is refused with cudaErrorInvalidValue.
+struct QueryDirectParams {
+  const void* q_nope;         // bf16 [T, H, NOPE], strides s_nt, s_nh (elements)
+  const void* q_pe;           // bf16 [T, H, ROPE], strides s_pt, s_ph
+  int64_t s_nt, s_nh, s_pt, s_ph;
+  const void* pos;            // [T] int32 or int64 (pos64)
+  const float* cos_sin;       // [max_pos, ROPE] fp32, rows [cos | sin]
+  int64_t max_pos;
+  void* out;                  // [T, HOUT, NOPE + ROPE] e4m3 (fp8) or bf16
+  uint64_t peer_base[kMaxW];  // every rank's exposed buffer, as mapped in this process (W of them)
+  int64_t* epochs;            // [nprog] call counters
+  int64_t* last_z;            // [nprog] epoch of the last exposed call with work
+  void* err;                  // int64[8] error word in pinned host memory
+  int64_t timeout_ns;
+  int64_t max_tokens, data_off, slot_bytes;
+  int64_t ll_off, ll_max_tokens;   // LL area (LL and LL12 calls)
+  int64_t ll128_off, ll128_lines;  // LL128 area
+  int64_t sn_off, sn_max_tokens;   // sentinel area
+  float quant_scale;
+  int32_t pos64, T, rank, W, H, HOUT, NOPE, ROPE;
+  int32_t nprog;   // the object's grid (its call counters)
+  int32_t blocks;  // this launch's grid, 0 = nprog; fewer only for the flag-free push modes
+  int32_t mode;    // kRaw .. kPushSN, plus the kMode* bits
+  int32_t neox, fp8, mech;
+};
+
+inline void fill_common(Params& a, const QueryDirectParams& q) {
+  for (int r = 0; r < q.W; ++r) a.peers.base[r] = q.peer_base[r];
+  a.last_z = q.last_z;
+  a.err = static_cast<unsigned long long*>(q.err);
+  a.timeout_ns = q.timeout_ns;
+  a.rank = q.rank, a.W = q.W, a.mech = q.mech;
+}
+
 }  // namespace
 
-extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_t s_nt, int64_t s_nh, int64_t s_pt,
-                                    int64_t s_ph, const void* pos, int pos64, const float* cos_sin, int64_t max_pos,
-                                    void* out, const uint64_t* peer_addrs, int64_t* epochs, int64_t* last_z,
-                                    void* err, int64_t timeout_ns, float quant_scale, int T, int rank, int W, int H,
-                                    int HOUT, int NOPE, int ROPE, int64_t max_tokens, int64_t data_off,
-                                    int64_t slot_bytes, int64_t ll_off, int64_t ll_max_tokens, int64_t ll128_off,
-                                    int64_t ll128_lines, int64_t sn_off, int64_t sn_max_tokens, int nprog, int blocks,
-                                    int mode, int neox, int fp8, int mech, cudaStream_t stream) {
+extern "C" int peerdcp_query_params_size() { return static_cast<int>(sizeof(QueryDirectParams)); }
+
+extern "C" int peerdcp_query_direct(const void* params, int params_size, cudaStream_t stream) {
+  if (params == nullptr || params_size != static_cast<int>(sizeof(QueryDirectParams))) {
+    return (int)cudaErrorInvalidValue;
+  }
+  const QueryDirectParams& q = *static_cast<const QueryDirectParams*>(params);
+  const int T = q.T, W = q.W, H = q.H, NOPE = q.NOPE, ROPE = q.ROPE, nprog = q.nprog, mode = q.mode;
+  const int neox = q.neox, fp8 = q.fp8;
+  const int64_t ll_max_tokens = q.ll_max_tokens, ll128_lines = q.ll128_lines, sn_max_tokens = q.sn_max_tokens;
+  int blocks = q.blocks;
   if (W < 1 || W > kMaxW || NOPE % 16 || ROPE % 16 || nprog < 1) return (int)cudaErrorInvalidValue;
   // blocks: this launch's grid, 0 = nprog; fewer only for the flag-free push modes (LL, LL12, LL128, SN: no block
   // waits for a twin block's flag, so the twins need not be the same blocks from call to call)
@@ -241,26 +281,25 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
   if (blocks == 0) blocks = nprog;
   if (blocks < 1 || blocks > nprog || (blocks < nprog && !flag_free)) return (int)cudaErrorInvalidValue;
   Params a{};
-  a.q_nope = static_cast<const uint16_t*>(q_nope);
-  a.q_pe = static_cast<const uint16_t*>(q_pe);
-  a.s_nt = s_nt, a.s_nh = s_nh, a.s_pt = s_pt, a.s_ph = s_ph;
-  a.pos = pos, a.pos64 = pos64, a.cos_sin = cos_sin, a.max_pos = max_pos;
-  a.out = out;
-  for (int r = 0; r < W; ++r) a.peers.base[r] = peer_addrs[r];
-  a.epochs = epochs, a.last_z = last_z;
-  a.err = static_cast<unsigned long long*>(err);
-  a.timeout_ns = timeout_ns, a.quant_scale = quant_scale;
-  a.T = T, a.rank = rank, a.W = W, a.H = H, a.HOUT = HOUT, a.NOPE = NOPE, a.ROPE = ROPE;
-  a.nprog = blocks, a.ncnt = nprog, a.mech = mech;
+  fill_common(a, q);
+  a.q_nope = static_cast<const uint16_t*>(q.q_nope);
+  a.q_pe = static_cast<const uint16_t*>(q.q_pe);
+  a.s_nt = q.s_nt, a.s_nh = q.s_nh, a.s_pt = q.s_pt, a.s_ph = q.s_ph;
+  a.pos = q.pos, a.pos64 = q.pos64, a.cos_sin = q.cos_sin, a.max_pos = q.max_pos;
+  a.out = q.out;
+  a.epochs = q.epochs;
+  a.quant_scale = q.quant_scale;
+  a.T = T, a.H = H, a.HOUT = q.HOUT, a.NOPE = NOPE, a.ROPE = ROPE;
+  a.nprog = blocks, a.ncnt = nprog;
   a.upp = (T * H + blocks - 1) / blocks;
   const int row_bytes = (NOPE + ROPE) * (fp8 ? 1 : 2);
   a.fd_h = FastDiv::make(H), a.fd_rope = FastDiv::make(ROPE);
   a.fd_ipu[0] = FastDiv::make(NOPE / 8 + ROPE / 8), a.fd_ipu[1] = FastDiv::make(NOPE / 8 + ROPE / 16);
   a.fd_w8 = FastDiv::make(row_bytes / 8), a.fd_w16 = FastDiv::make(row_bytes / 16);
-  a.max_tokens = max_tokens, a.data_off = data_off, a.slot_bytes = slot_bytes;
-  a.ll_off = ll_off, a.ll_max_tokens = ll_max_tokens;
-  a.ll128_off = ll128_off, a.ll128_lines = ll128_lines;
-  a.sn_off = sn_off, a.sn_max_tokens = sn_max_tokens;
+  a.max_tokens = q.max_tokens, a.data_off = q.data_off, a.slot_bytes = q.slot_bytes;
+  a.ll_off = q.ll_off, a.ll_max_tokens = ll_max_tokens;
+  a.ll128_off = q.ll128_off, a.ll128_lines = ll128_lines;
+  a.sn_off = q.sn_off, a.sn_max_tokens = sn_max_tokens;
   a.early = (mode & kModeEarly) != 0;
   if ((mode & kModeEarly) && base_mode != kPushLL && base_mode != kPushSN) return (int)cudaErrorInvalidValue;
   // the wide bit: SN with interleaved RoPE only (its pairs are output words 2i, 2i + 1 of one row); it
@@ -303,7 +342,7 @@ extern "C" int peerdcp_query_direct(const void* q_nope, const void* q_pe, int64_
 
 // Blocks of the PUSH_SN kernel (NeoX or interleaved RoPE, FP8 or BF16) that fit on one SM at once: the host
 // sizes the grid of an object whose copy calls use the sentinel push by it (QueryGather: at most
-// TUNING["cuda_sn_programs_per_sm"]).
+// QueryPolicy.cuda_sn_programs_per_sm).
 extern "C" int peerdcp_query_sn_blocks_per_sm(int neox, int fp8, int* blocks) {
   void (*const kernels[2][2])(const Params) = {
       {query_direct_kernel<kPushSN, false, false>, query_direct_kernel<kPushSN, false, true>},
@@ -324,15 +363,16 @@ extern "C" void peerdcp_fastdiv_make(int d, uint32_t* m, uint32_t* s) {
   *s = f.s;
 }
 
-extern "C" int peerdcp_query_wait_acks(const uint64_t* peer_addrs, int64_t* last_z, void* err, int64_t timeout_ns,
-                                       int rank, int W, int nprog, int mech, cudaStream_t stream) {
-  if (W < 1 || W > kMaxW || nprog < 1) return (int)cudaErrorInvalidValue;
+// The zero-copy ack wait: uses the block's peer_base, last_z, err, timeout_ns, rank, W, nprog and mech.
+extern "C" int peerdcp_query_wait_acks(const void* params, int params_size, cudaStream_t stream) {
+  if (params == nullptr || params_size != static_cast<int>(sizeof(QueryDirectParams))) {
+    return (int)cudaErrorInvalidValue;
+  }
+  const QueryDirectParams& q = *static_cast<const QueryDirectParams*>(params);
+  if (q.W < 1 || q.W > kMaxW || q.nprog < 1) return (int)cudaErrorInvalidValue;
   Params a{};
-  for (int r = 0; r < W; ++r) a.peers.base[r] = peer_addrs[r];
-  a.last_z = last_z;
-  a.err = static_cast<unsigned long long*>(err);
-  a.timeout_ns = timeout_ns;
-  a.rank = rank, a.W = W, a.nprog = nprog, a.ncnt = nprog, a.mech = mech;
-  query_wait_acks_kernel<<<nprog, 32, 0, stream>>>(a);
+  fill_common(a, q);
+  a.nprog = q.nprog, a.ncnt = q.nprog;
+  query_wait_acks_kernel<<<q.nprog, 32, 0, stream>>>(a);
   return (int)cudaGetLastError();
 }

@@ -4,19 +4,27 @@ zero-copy).
 
 Start with :mod:`peerdcp.query.reference` (the plain-torch specification), then :mod:`.rope` (the
 ``cos_sin_cache`` tables: plain, YaRN for DeepSeek-V3.2 and Kimi-K2), :mod:`.kernels` (Triton: the
-direct protocol and the fused allgather pass), ``csrc/query/direct.cu`` (the CUDA twin, :mod:`.ops`; the
-sentinel push's word rules in plain Python: :mod:`.sentinel`) and :class:`QueryGather` (the public object).
+direct protocol and the fused allgather pass; their row numerics in :mod:`.rows`, the buffer layout in
+:mod:`.layout`), ``csrc/query/direct.cu`` (the CUDA twin, :mod:`.ops`; the sentinel push's word rules in plain
+Python: :mod:`.sentinel`), :mod:`.policy` (every tuning rule: :class:`QueryPolicy`) and :class:`QueryGather`
+(the public object; its argument checks in :mod:`.config`, its set-up in :mod:`.setup`, the allgather backend in
+:mod:`.allgather`).
 """
 
 from __future__ import annotations
 
 from . import reference, rope
-from .gather import AUTO_PUSH_RAW_MAX_TOKENS, AUTO_RAW_MAX_TOKENS, BACKENDS, EXCHANGES, IMPLS, QueryGather
+from .config import BACKENDS, EXCHANGES, IMPLS
+from .gather import QueryGather
+from .policy import AUTO_PUSH_RAW_MAX_TOKENS, AUTO_RAW_MAX_TOKENS, DEFAULT_POLICY, ByDtype, QueryPolicy
 from .reference import apply_rope, quantize_fp8, rope_quantize_kv, widened_query, widened_query_bounds
 from .rope import PRESETS, YarnParams, cos_sin_cache, plain_cos_sin_cache, yarn_cos_sin_cache
 
 __all__ = [
     "QueryGather",
+    "QueryPolicy",
+    "DEFAULT_POLICY",
+    "ByDtype",
     "BACKENDS",
     "IMPLS",
     "EXCHANGES",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 
@@ -100,6 +101,9 @@ def roundtrip_missing_peer(absent: int, timeout_s: float) -> str:
 
 
 def resources() -> dict:
+    # An earlier test on this pooled process may leave reference cycles holding fds (an exception's traceback
+    # keeps its frames' files open); collect them now so they are not counted here and closed mid-measurement.
+    gc.collect()
     pid = os.getpid()
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     with open(f"/proc/{pid}/maps") as f:
@@ -416,7 +420,7 @@ def with_error_word_at(addr: int, fn_name: str, *args):
     import ctypes
     from unittest import mock
 
-    from peerdcp._runtime import device as kernel_support
+    from peerdcp._runtime import device
 
     if not _map_low_page(addr):
         return "unmappable"
@@ -428,5 +432,5 @@ def with_error_word_at(addr: int, fn_name: str, *args):
         self.tensor.zero_()
         self.words = words.numpy()
 
-    with mock.patch.object(kernel_support.ErrorWord, "__init__", init):
+    with mock.patch.object(device.ErrorWord, "__init__", init):
         return globals()[fn_name](*args)

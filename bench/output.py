@@ -78,7 +78,7 @@ KERNEL_VARIANTS = {
     # CTA both to 16, 36-44 publisher CTAs with 1 / 2 loads in flight above); PDL
     "cuda": ("cuda", None, None, None),
     "cuda_nopdl": ("cuda", None, (), None),  # LL, then the plain kernel; no PDL
-    "cuda_s8": ("cuda", None, ("pdl",), 48),  # the default of sessions 5-8: LL <= 8, LL128 (20, 48], plain; PDL
+    "cuda_s8": ("cuda", None, ("pdl",), 48),  # the former default: LL <= 8, LL128 (20, 48], plain; PDL
     "cuda_ll128": ("cuda", None, ("ll128",), None),
     "cuda_ll128_pdl": ("cuda", None, ("ll128", "pdl"), None),
     "cuda_chunked": ("cuda", None, ("chunked",), None),

@@ -229,7 +229,7 @@ def _bits_vs_reference(red, outs: list[torch.Tensor], lses: list[torch.Tensor]) 
 def rounding_ties(config: dict, seed: int) -> dict:
     """W = 2, every (token, head) gets two equal LSEs and two adjacent values a, b of the output dtype, so the
     exact result (a + b) / 2 is a tie of that dtype: it must round to even, bit for bit as torch rounds the fp64
-    reference (the interpreter's own fp32 -> bf16 cast truncates; ``kernel_support.cast_rne`` rounds by hand)."""
+    reference (the interpreter's own fp32 -> bf16 cast truncates; ``_runtime.device.cast_rne`` rounds by hand)."""
     W = dist.get_world_size()
     with peerdcp.OutputReducer(None, **config) as red:
         T, H, D, dtype = red.max_tokens, red.heads, red.head_dim, red.dtype
@@ -244,7 +244,7 @@ def rounding_ties(config: dict, seed: int) -> dict:
 def subnormal_payloads(config: dict, seed: int) -> dict:
     """bf16 payloads that are subnormal (|x| < 2^-126) from every source, equal LSEs: the result must equal the
     fp64 reference rounded once, bit for bit (Triton 3.6's interpreter converts bf16 subnormals wrongly both ways;
-    ``kernel_support.to_f32`` / ``cast_rne`` go through the bits there)."""
+    ``_runtime.device.to_f32`` / ``cast_rne`` go through the bits there)."""
     W = dist.get_world_size()
     with peerdcp.OutputReducer(None, **config) as red:
         T, H, D, dtype = red.max_tokens, red.heads, red.head_dim, red.dtype

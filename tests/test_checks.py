@@ -44,7 +44,7 @@ def test_devices_that_do_not_exist_are_value_errors():
 
 
 def test_a_cuda_launch_never_takes_a_stream_for_host_tensors():
-    """``kernel_support.current_stream_handle`` (every ctypes launch's stream) refuses a non-CUDA device: were it to
+    """``_runtime.device.current_stream_handle`` (every ctypes launch's stream) refuses a non-CUDA device: were it to
     return the current device's stream, a launch with host pointers would run (and fault the GPU)."""
     from peerdcp._runtime.device import current_stream_handle
 

@@ -221,7 +221,7 @@ def test_failure_after_the_allocation_on_one_rank_is_agreed(pools, cls, backend,
 
 
 def test_misaligned_peer_addresses_on_one_rank_are_a_setup_error_on_every_rank(pools):
-    """The Triton kernels declare every peer base 16-byte aligned (``kernel_support.peer_pointer``): a buffer whose
+    """The Triton kernels declare every peer base 16-byte aligned (``_runtime.device.peer_pointer``): a buffer whose
     addresses are not, on any one rank, is refused on every rank (agreed: none is left holding a buffer another
     rank never joined), and each rank's mapping is torn down."""
     for r in pools(3).run(fns.misaligned_on_one_rank, 1):

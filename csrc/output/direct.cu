@@ -63,7 +63,7 @@
 //   kOptSentinel   calls with T > ll_max_tokens outside the LL128 band run output_direct_sentinel_kernel
 //                  (output/sentinel.cuh; the payload region holds a reserved 16-bit pattern at rest, so each
 //                  vector signals its own arrival: no fence, no flag bytes). The host sets it per call
-//                  (T > TUNING["cuda_sentinel_min_tokens"]). Not with kOptTightGrid or kOptChunked.
+//                  (T > OutputPolicy.cuda_sentinel_min_tokens). Not with kOptTightGrid or kOptChunked.
 //
 // Stage breakdown (`stages`, benchmark only; 0 in every public path; outputs of a broken variant are
 // garbage): bits remove one stage and whatever waits for it, identically on every rank:

@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kBlock) output_direct_ll_kernel(const __grid_c
 // consumer warps (T = 128 17.4 us, left off), flag-only polling with __nanosleep back-off (slightly worse,
 // not kept). With PDL: 6.55 us at T = 32 vs 7.13 for the plain kernel, but 6.38 vs 5.34 at T = 16, 9.1 vs 9.2
 // at T = 64, 26.0 vs 21.7 at T = 256; a T scan puts the gain at 24 <= T <= 48. The sentinel kernel is faster
-// there (5.5 vs 6.5 us at T = 24), so the host's LL128 band is off by default (reducer.TUNING
-// "cuda_ll128_max_tokens"). Not measured: a stage breakdown (publish vs the link).
+// there (5.5 vs 6.5 us at T = 24), so the host's LL128 band is off by default (OutputPolicy
+// .cuda_ll128_max_tokens). Not measured: a stage breakdown (publish vs the link).
 //
 // Layout at ll128_off, in 8-byte words: [2 slots][W src][ll128_max_tokens][rowW] with
 //   rowW = NL*16 + round_up(H, 16), NL = ceil(PW / 15) lines, PW = H*D/4 payload words (2-byte dtype),

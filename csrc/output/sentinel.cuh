@@ -221,8 +221,8 @@ __device__ __forceinline__ void sn_run(const OutputKernelParams& p, int64_t* s_e
   // saturate the link, and the combiners' loads do not queue behind their own CTA's remote stores (which back up
   // while the link is busy), so the combine runs under the transfer. Measured (H200 x 2, Kimi, T = 256, 4 loads in
   // flight per publisher thread): P = 32 of 264 CTAs 18.1 us; P = 24 / 40 / 48 / 64 / 132: 22.7 / 20.2 / 21.6 /
-  // 22.9 / 29.2 us; every CTA both: 22.7 us. The host picks P and U per call (TUNING["cuda_sentinel_split"]); the
-  // optimum is sharp and where the hardware places the CTAs is not controlled (bench/RESULTS.md, sessions 9-10).
+  // 22.9 / 29.2 us; every CTA both: 22.7 us. The host picks P and U per call (OutputPolicy.cuda_sentinel_split); the
+  // optimum is sharp and where the hardware places the CTAs is not controlled (bench/RESULTS.md, Output/LSE).
   const bool split = p.sn_pub > 0 && p.sn_pub < G;
   const int P = split ? p.sn_pub : G, C = split ? G - P : G;
   const bool publisher = !split || prog < P, combiner = !split || prog >= P;

@@ -139,7 +139,7 @@ def _logits_kernel(
     value exactly), 2 = fp64 (interpreter: the 128-term FP8 dot is exact in fp64, so the result does not
     depend on the summation order or on the token's position in its page).
 
-    ``PDL``: see ``kernel_support.grid_dependency_sync`` (launched with ``launch_pdl`` when nonzero).
+    ``PDL``: see ``_runtime.device.grid_dependency_sync`` (launched with ``launch_pdl`` when nonzero).
     """
     t = tl.program_id(0).to(tl.int64)
     jb = tl.program_id(1)

@@ -34,3 +34,25 @@ def test_host_check_build_refused_where_a_gpu_is_visible(monkeypatch):
     monkeypatch.setenv("PEERDCP_JIT_HOST_CHECK", "1")
     with mock.patch("torch.cuda.is_available", return_value=True), pytest.raises(jit.JitError, match="HOST_CHECK"):
         jit.load("peerdcp_output")
+
+
+def test_param_block_size_mismatch_is_refused_at_load():
+    """Every launcher takes one parameter block; a C block of another size than its ctypes mirror (a field added
+    on one side only) is refused before any launch, and the entries are declared (block, size, stream)."""
+    import ctypes
+
+    class Mirror(ctypes.Structure):
+        _fields_ = [("a", ctypes.c_int64), ("b", ctypes.c_int32)]
+
+    class FakeLib:
+        def __init__(self, size: int) -> None:
+            self.size_fn = lambda: size
+            self.launch = lambda *a: 0
+
+    jit.bind_param_block(FakeLib(ctypes.sizeof(Mirror)), ("launch",), "size_fn", Mirror)
+    good = FakeLib(16)
+    jit.bind_param_block(good, ("launch",), "size_fn", Mirror)
+    assert good.launch.argtypes == [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    for bad in (12, 24):
+        with pytest.raises(RuntimeError, match=r"C Mirror is \d+ bytes, its ctypes mirror .* 16"):
+            jit.check_param_block(FakeLib(bad), "size_fn", Mirror)

@@ -23,7 +23,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["CSRC", "LIBRARIES", "host_check", "load", "load_library", "prebuild", "JitError", "nvcc_path"]
+__all__ = [
+    "CSRC", "LIBRARIES", "host_check", "load", "load_library", "prebuild", "JitError", "nvcc_path",
+    "bind_param_block", "check_param_block",
+]  # fmt: skip
 
 
 def _find_csrc() -> Path:
@@ -176,6 +179,30 @@ def prebuild() -> list[Path]:
     """Build every library into the cache without loading it (needs nvcc, not a GPU): a build machine can
     fill ``$PEERDCP_CACHE`` and ship it to GPU machines that should not spend time compiling."""
     return [_ensure_built(name, sources, _flags(flags)) for name, (sources, flags) in LIBRARIES.items()]
+
+
+def check_param_block(lib: ctypes.CDLL, size_fn: str, mirror: type[ctypes.Structure]) -> None:
+    """The C boundary's one convention: a launcher takes one parameter block, whose C size ``lib.<size_fn>()``
+    must equal its ctypes ``mirror``'s (a field added on one side only would shift every field after it).
+    Raises RuntimeError naming both."""
+    fn = getattr(lib, size_fn)
+    fn.restype, fn.argtypes = ctypes.c_int, []
+    size = fn()
+    if size != ctypes.sizeof(mirror):
+        raise RuntimeError(
+            f"{size_fn}() says the C {mirror.__name__} is {size} bytes, its ctypes mirror ({mirror.__module__}) "
+            f"{ctypes.sizeof(mirror)}: keep the two in sync"
+        )
+
+
+def bind_param_block(lib: ctypes.CDLL, entries: tuple[str, ...], size_fn: str, mirror: type[ctypes.Structure]) -> None:
+    """Declare the launchers ``entries`` (the parameter block, its size, the stream; a cudaError_t back) and check
+    the block's size (:func:`check_param_block`)."""
+    for name in entries:
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    check_param_block(lib, size_fn, mirror)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import functools
 import torch
 
 from .._runtime.device import current_stream_handle, num_sms
+from .._runtime.jit import check_param_block
 from .._runtime.jit import load as load_jit
 
 __all__ = ["OutputDirectParams", "library", "blocks_per_sm", "cuda_block", "DirectLauncher", "output_direct", "OPTS"]
@@ -104,12 +105,7 @@ def library() -> ctypes.CDLL:
     lib.peerdcp_output_direct_blocks_per_sm.restype = ctypes.c_int
     lib.peerdcp_output_direct_blocks_per_sm_variant.argtypes = [ctypes.c_int] * 5
     lib.peerdcp_output_direct_blocks_per_sm_variant.restype = ctypes.c_int
-    size = lib.peerdcp_output_direct_params_size()
-    if size != ctypes.sizeof(OutputDirectParams):
-        raise RuntimeError(
-            f"csrc/output/direct.cu OutputDirectParams is {size} bytes, the ctypes mirror "
-            f"{ctypes.sizeof(OutputDirectParams)}: keep peerdcp/output/ops.py in sync"
-        )
+    check_param_block(lib, "peerdcp_output_direct_params_size", OutputDirectParams)
     return lib
 
 

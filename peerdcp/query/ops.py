@@ -20,6 +20,7 @@ import functools
 import torch
 
 from .._runtime.device import current_stream_handle
+from .._runtime.jit import bind_param_block
 from .._runtime.jit import load as load_jit
 
 __all__ = ["QueryDirectParams", "DirectLauncher", "load", "query_direct", "query_wait_acks", "sn_blocks_per_sm"]
@@ -106,20 +107,10 @@ def load() -> ctypes.CDLL:
     """Build (once per source hash) and load ``libpeerdcp_query.so``; checks the parameter layout. Raises
     JitError without nvcc."""
     lib = load_jit("peerdcp_query")  # flags in peerdcp._runtime.jit.LIBRARIES (no fast math, no FMA contraction)
-    for name in ("peerdcp_query_direct", "peerdcp_query_wait_acks"):
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [_vp, ctypes.c_int, _vp]  # parameter block, its size, stream
-    lib.peerdcp_query_params_size.restype = ctypes.c_int
-    lib.peerdcp_query_params_size.argtypes = []
+    bind_param_block(lib, ("peerdcp_query_direct", "peerdcp_query_wait_acks"), "peerdcp_query_params_size",
+                     QueryDirectParams)  # fmt: skip
     lib.peerdcp_query_sn_blocks_per_sm.restype = ctypes.c_int
     lib.peerdcp_query_sn_blocks_per_sm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-    size = lib.peerdcp_query_params_size()
-    if size != ctypes.sizeof(QueryDirectParams):
-        raise RuntimeError(
-            f"csrc/query/direct.cu QueryDirectParams is {size} bytes, the ctypes mirror "
-            f"{ctypes.sizeof(QueryDirectParams)}: keep peerdcp/query/ops.py in sync"
-        )
     return lib
 
 

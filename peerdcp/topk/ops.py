@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from .._runtime.device import current_stream_handle
+from .._runtime.jit import bind_param_block
 from .._runtime.jit import load as load_jit
 
 __all__ = [
@@ -149,29 +150,13 @@ class TopkScoreParams(ctypes.Structure):
     ]
 
 
-def _bind(lib: ctypes.CDLL, entries: tuple[str, ...], size_fn: str, mirror: type[ctypes.Structure]) -> None:
-    """Declare the block-taking ``entries`` (parameter block, its size, stream) and check the C block's size."""
-    for name in entries:
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [_vp, ctypes.c_int, _vp]
-    getattr(lib, size_fn).restype = ctypes.c_int
-    getattr(lib, size_fn).argtypes = []
-    size = getattr(lib, size_fn)()
-    if size != ctypes.sizeof(mirror):
-        raise RuntimeError(
-            f"csrc/topk {mirror.__name__} is {size} bytes, the ctypes mirror {ctypes.sizeof(mirror)}: keep "
-            "peerdcp/topk/ops.py in sync"
-        )
-
-
 @functools.cache
 def load() -> ctypes.CDLL:
     """Build (once per source hash) and load ``libpeerdcp_topk.so``; checks the parameter layouts. Raises JitError
     without nvcc."""
     lib = load_jit("peerdcp_topk")
-    _bind(lib, ("peerdcp_topk_merge",), "peerdcp_topk_merge_params_size", TopkMergeParams)
-    _bind(lib, ("peerdcp_topk_select",), "peerdcp_topk_select_params_size", TopkSelectParams)
+    bind_param_block(lib, ("peerdcp_topk_merge",), "peerdcp_topk_merge_params_size", TopkMergeParams)
+    bind_param_block(lib, ("peerdcp_topk_select",), "peerdcp_topk_select_params_size", TopkSelectParams)
     lib.peerdcp_topk_merge_max_keys.restype = ctypes.c_int64
     lib.peerdcp_topk_merge_max_keys.argtypes = [ctypes.c_int]
     lib.peerdcp_topk_select_max_clusters.restype = ctypes.c_int
@@ -186,7 +171,7 @@ def load_score() -> ctypes.CDLL:
     """Build (once per source hash) and load ``libpeerdcp_score.so`` (sm_90a); checks the parameter layout. Raises
     JitError without nvcc."""
     lib = load_jit("peerdcp_score")
-    _bind(lib, ("peerdcp_topk_score",), "peerdcp_topk_score_params_size", TopkScoreParams)
+    bind_param_block(lib, ("peerdcp_topk_score",), "peerdcp_topk_score_params_size", TopkScoreParams)
     lib.peerdcp_topk_score_occupancy.restype = ctypes.c_int
     lib.peerdcp_topk_score_occupancy.argtypes = [ctypes.c_int, ctypes.c_int]
     return lib

@@ -4,7 +4,7 @@ Output a2a / ag_rs, Query allgather, Top-K allgather (``peerdcp._runtime.groups.
 from __future__ import annotations
 
 import pytest
-import rankfns_collective as fns
+from on_ranks import collective as fns
 
 KINDS = ["output-a2a", "output-ag_rs", "query", "topk"]
 TIMEOUT = 1.5

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import rankfns_memory as fns
 from conftest import GPU_BACKEND, GPU_WORLD
+from on_ranks import memory as fns
 
 pytestmark = pytest.mark.multigpu
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-import rankfns_memory as fns
+from on_ranks import memory as fns
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -7,8 +7,8 @@ import glob
 import math
 
 import pytest
-import rankfns_output as fns
 import torch
+from on_ranks import output as fns
 
 from peerdcp.output.reference import (
     _weights,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import conftest
 import pytest
-import rankfns_output as fns
 import torch
 from conftest import GPU_BACKEND, GPU_WORLD
+from on_ranks import output as fns
 
 pytestmark = pytest.mark.multigpu
 

@@ -14,9 +14,9 @@ import shutil
 import types
 
 import pytest
-import rankfns_output as fns
 import torch
 from conftest import GPU_BACKEND
+from on_ranks import output as fns
 
 from peerdcp._runtime.jit import nvcc_path
 from peerdcp.output import ops

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-import rankfns_properties as fns
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from on_ranks import properties as fns
 
 from peerdcp.output import reference as oref
 from peerdcp.topk import reference as tref
@@ -122,7 +122,7 @@ def test_query_fp32_contract_lies_within_the_fp64_bound(bits, pos, style, out):
     kw = dict(rope_style=style, out_dtype=out[0], quant_scale=out[1])
     q = qref.widened_query([nope], [pe], torch.tensor([pos]), cs, **kw)
     lo, hi = qref.widened_query_bounds([nope], [pe], torch.tensor([pos]), cs, **kw)
-    from rankfns_query import ordered as o
+    from on_ranks.query import ordered as o
 
     assert not q.float().isnan().any()
     assert ((o(lo) <= o(q)) & (o(q) <= o(hi))).all(), (q, lo, hi)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import conftest
 import pytest
-import rankfns_query as fns
 import torch
 from conftest import GPU_BACKEND, GPU_WORLD
+from on_ranks import query as fns
 
 from peerdcp.query import kernels as K
 from peerdcp.query.policy import DEFAULT_POLICY

@@ -9,8 +9,8 @@ from __future__ import annotations
 import glob
 
 import pytest
-import rankfns_query as fns
 import torch
+from on_ranks import query as fns
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 

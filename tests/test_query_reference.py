@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rankfns_query import ordered
+from on_ranks.query import ordered
 
 from peerdcp.query import reference as R
 from peerdcp.query import rope

@@ -19,7 +19,7 @@ from conftest import GPU_WORLD
 
 pytest.importorskip("sglang")
 
-import rankfns_sglang as R  # noqa: E402
+from on_ranks import sglang as R  # noqa: E402
 
 pytestmark = pytest.mark.multigpu
 

@@ -30,7 +30,7 @@ if not HAVE_SGLANG:
         raise RuntimeError("sglang is not importable in CI: scripts/setup_sglang.sh did not run or failed")
     pytest.skip("sglang 0.5.23 not installed (bash scripts/setup_sglang.sh)", allow_module_level=True)
 
-import rankfns_sglang as R  # noqa: E402
+from on_ranks import sglang as R  # noqa: E402
 
 import peerdcp.integrations.sglang as plugin  # noqa: E402
 from peerdcp.integrations.sglang import options as O  # noqa: E402

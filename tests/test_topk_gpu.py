@@ -10,8 +10,8 @@ Run on the 2-GPU machine::
 from __future__ import annotations
 
 import pytest
-import rankfns_topk as fns
 from conftest import GPU_BACKEND, GPU_WORLD
+from on_ranks import topk as fns
 
 from peerdcp.topk.reference import local_length
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import rankfns_topk as fns
 import torch
+from on_ranks import topk as fns
 
 from peerdcp._runtime.jit import nvcc_path
 from peerdcp.topk import reference as ref

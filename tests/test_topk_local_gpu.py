@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import rankfns_topk as fns
 import torch
+from on_ranks import topk as fns
 
 from peerdcp.topk import ops
 from peerdcp.topk import policy as pol

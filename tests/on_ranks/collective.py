@@ -10,11 +10,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from rankfns_output import make_inputs as output_inputs
-from rankfns_query import make_inputs as query_inputs
-from rankfns_topk import shard, tie_logits
 
 import peerdcp
+from on_ranks.output import make_inputs as output_inputs
+from on_ranks.query import make_inputs as query_inputs
+from on_ranks.topk import shard, tie_logits
 from peerdcp.errors import PeerTimeoutError
 from peerdcp.query.rope import plain_cos_sin_cache
 

@@ -82,16 +82,16 @@ def _args(family: str, interleave: int, indexer: str, **kw) -> dict:
 
 
 def _decode(pool: RankPool, args: dict) -> dict:
-    setup = pool.run(decode.setup, args)
-    try:
-        ref = pool.run(decode.reference_free)[0]
-        forced = pool.run(decode.dcp_forced)
-        ref_forced = pool.run(decode.reference_forced)[0]
-        free = pool.run(decode.dcp_free)
-        cap = pool.run(decode.capacity)
-    finally:
-        pool.run(decode.teardown)
-    return dict(setup=setup[0], ref=ref, verdict=verdict(ref, forced, ref_forced, free), free=free, cap=cap)
+    r = decode.run_phases(pool, args)
+    ref = r["reference_free"][0]
+    return dict(
+        setup=r["setup"][0],
+        ref=ref,
+        verdict=verdict(ref, r["dcp_forced"], r["reference_forced"][0], r["dcp_free"]),
+        forced=r["dcp_forced"],
+        free=r["dcp_free"],
+        cap=r["capacity"],
+    )
 
 
 @pytest.mark.parametrize("family,W,interleave,indexer", CASES)
@@ -121,6 +121,74 @@ def test_short_prompt_crosses_topk_mid_decode(pools):
     res = _decode(pools(2), _args("glm-5", 1, "fp8", prompt_len=5, query="fp8"))
     assert res["verdict"]["ok"], res["verdict"]["failures"]
     assert res["setup"]["prompt_lens"] == [5, 4] and res["setup"]["topk"] == 8
+
+
+def test_an_adopted_greedy_run_is_the_teacher_forced_run(pools):
+    # run_phases skips the teacher-forced decode when the checked greedy tokens equal the reference's; decoding
+    # teacher-forced anyway must give the same logits bit for bit and the same top-k ids at every call
+    from on_ranks import generate as fns
+
+    pool = pools(2)
+    args = _args("deepseek-v3.2", 1, "fp8", batch=2, new_tokens=6)
+    pool.run(decode.setup, args)
+    try:
+        ref = pool.run(decode.reference_free)[0]
+        free = pool.run(decode.dcp_free, True)
+        assert all(r["tokens"] == ref["tokens"] for r in free), "seed gives a near tie: pick another"
+        adopted = pool.run(decode.adopt_free_as_forced)
+        assert all(a["from"] == "greedy decode" and a["checks"]["topk"]["calls"] > 0 for a in adopted)
+        for r in pool.run(fns.forced_matches_adopted):
+            assert r["logits_equal"] and r["ids_equal"] and r["calls"] == 6, r  # prefill + 5 decode steps
+    finally:
+        pool.run(decode.teardown)
+
+
+class _FakePool:
+    """Answers the phases with canned per-rank results and records which ran (the driver's branching only)."""
+
+    def __init__(self, free_tokens: list[list[list[int]]]) -> None:
+        self.free_tokens, self.ran = free_tokens, []
+        self.broken = False
+
+    def run(self, fn, *a, timeout=None):
+        self.ran.append((fn.__name__, a))
+        if fn is decode.reference_free:
+            return [{"tokens": [[1, 2, 3]], "margin": [[1.0, 1.0, 1.0]]}] * 2
+        if fn is decode.dcp_free:
+            return [{"tokens": t} for t in self.free_tokens]
+        return [{"from": fn.__name__}] * 2
+
+
+@pytest.mark.parametrize(
+    "timing,free_tokens,want",
+    [
+        (False, [[[1, 2, 3]], [[1, 2, 3]]], ["dcp_free", "adopt_free_as_forced", "reference_forced"]),
+        (False, [[[1, 2, 3]], [[1, 2, 4]]], ["dcp_free", "dcp_forced", "reference_forced"]),  # one rank parts
+        (False, [[[1, 2, 4]], [[1, 2, 4]]], ["dcp_free", "dcp_forced", "reference_forced"]),
+        (True, [[[1, 2, 3]], [[1, 2, 3]]], ["dcp_forced", "reference_forced", "dcp_free"]),  # timed: never adopted
+    ],
+)
+def test_run_phases_adopts_only_when_every_rank_decoded_the_reference_tokens(timing, free_tokens, want):
+    pool = _FakePool(free_tokens)
+    out = decode.run_phases(pool, {"timing": timing})
+    names = [n for n, _ in pool.ran]
+    assert names[:2] == ["setup", "reference_free"] and names[-2:] == ["capacity", "teardown"]
+    assert names[2:-2] == want
+    assert [a for n, a in pool.ran if n == "dcp_free"] == [() if timing else (True,)]  # checked only untimed
+    assert set(out) == {"setup", "reference_free", "dcp_forced", "reference_forced", "dcp_free", "capacity"}
+
+
+def test_run_phases_frees_the_ranks_when_a_phase_fails():
+    class Failing(_FakePool):
+        def run(self, fn, *a, timeout=None):
+            if fn is decode.reference_forced:
+                raise RuntimeError("rank 1 failed")
+            return super().run(fn, *a, timeout=timeout)
+
+    pool = Failing([[[1, 2, 3]], [[1, 2, 3]]])
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        decode.run_phases(pool, {"timing": False})
+    assert pool.ran[-1][0] == "teardown"
 
 
 NEWEST = REPO / ".tf-newest"  # transformers 5.25, the newest supported (scripts/setup.sh test)

@@ -11,6 +11,7 @@ mechanism; 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -120,20 +121,6 @@ def main_generate(args: argparse.Namespace) -> int:
         overrides=overrides,
         backends={"query": args.query_backend, "topk": args.topk_backend, "output": args.output_backend},
     )
-    phases = [
-        ("build the model copies and the peerdcp objects (collective)", "setup", decode.setup, (wargs,)),
-        ("unsharded reference: greedy decode", "reference_free", decode.reference_free, ()),
-        ("DCP teacher-forced, every exchange checked", "dcp_forced", decode.dcp_forced, ()),
-        (
-            "unsharded reference teacher-forced, selection pinned to DCP's",
-            "reference_forced",
-            decode.reference_forced,
-            (),
-        ),
-        ("DCP greedy decode (timed), then on the collective backends", "dcp_free", decode.dcp_free, ()),
-        ("capacity", "capacity", decode.capacity, ()),
-        ("close", None, decode.teardown, ()),
-    ]
     report: dict = {
         "world": world,
         "where": place.where,
@@ -147,18 +134,18 @@ def main_generate(args: argparse.Namespace) -> int:
     try:
         if prog:
             prog.start()
-            task = prog.add_task("start rank processes", total=1 + len(phases))
+            task = prog.add_task("start rank processes", total=1 + decode.PHASES)
         pool = RankPool(world, backend=place.backend)
         if prog:
             prog.advance(task)
-        for desc, key, fn, fargs in phases:
+
+        started = itertools.count(1)  # the pool's start is step 0
+
+        def on_phase(desc: str) -> None:
             if prog:
-                prog.update(task, description=desc)
-            res = pool.run(fn, *fargs, timeout=1800.0)
-            if key:
-                report[key] = res
-            if prog:
-                prog.advance(task)
+                prog.update(task, description=desc, completed=next(started))
+
+        report.update(decode.run_phases(pool, wargs, on_phase))
     except Exception as e:  # a rank failed: report what happened, never hang
         if prog:
             prog.stop()
@@ -224,7 +211,7 @@ def _print_report(rep: dict) -> None:
         f"worst {tf['worst_ratio']:.2f} of the bound ({tf['ulps']} bf16 ulps of the step's largest logit)"
         + (f", row {tf['row']} step {tf['step']}: {tf['max_diff']:.2e} vs {tf['bound']:.2e}" if "row" in tf else "")
         + f"; pinned where the reference chose otherwise: {tf['router_rows_pinned']} router rows, "
-        f"{tf['topk_calls_pinned']} top-k calls",
+        f"{tf['topk_calls_pinned']} top-k calls; DCP's run: {rep['dcp_forced'][0]['from']}",
     )
     fr = v["free_running"]
     detail = f"equal steps per row {fr['equal_steps']} of {a['new_tokens']}"
@@ -236,7 +223,21 @@ def _print_report(rep: dict) -> None:
     free_ok = not any(f.startswith("free-running") for f in v["failures"])
     t.add_row("free-running greedy tokens", "[green]ok[/green]" if free_ok else "[red]FAIL[/red]", detail)
     con.print(t)
-    f0 = rep["dcp_free"][0]
+    if a["timing"]:
+        _print_times(con, rep)
+    _print_capacity(con, rep)
+    if v["ok"]:
+        con.print(f"verdict: [bold green]PASS[/bold green] ({rep['seconds']} s)")
+    else:
+        for f in v["failures"]:  # (plain lines, never wrapped: scripts grep them)
+            print(f"FAIL {f}", flush=True)
+        con.print(f"verdict: [bold red]FAIL[/bold red] ({rep['seconds']} s)")
+
+
+def _print_times(con, rep: dict) -> None:
+    from rich.table import Table
+
+    s, f0 = rep["setup"][0], rep["dcp_free"][0]
     t = Table(title=f"decode time per token, slowest rank (median; {rep['timing']})")
     for c in ("backends", "ms per token"):
         t.add_column(c)
@@ -254,6 +255,11 @@ def _print_report(rep: dict) -> None:
             f"{col:.2f}",
         )
     con.print(t)
+
+
+def _print_capacity(con, rep: dict) -> None:
+    from rich.table import Table
+
     t = Table(title="capacity per rank vs replicated")
     for c in ("rank", "KV bytes local / replicated", "index-K bytes local / replicated"):
         t.add_column(c)
@@ -261,9 +267,3 @@ def _print_report(rep: dict) -> None:
         ik = f"{c['index_k_bytes_local']:,} / {c['index_k_bytes_replicated']:,}" if "index_k_bytes_local" in c else "-"
         t.add_row(str(c["rank"]), f"{c['kv_bytes_local']:,} / {c['kv_bytes_replicated']:,}", ik)
     con.print(t)
-    if v["ok"]:
-        con.print(f"verdict: [bold green]PASS[/bold green] ({rep['seconds']} s)")
-    else:
-        for f in v["failures"]:  # (plain lines, never wrapped: scripts grep them)
-            print(f"FAIL {f}", flush=True)
-        con.print(f"verdict: [bold red]FAIL[/bold red] ({rep['seconds']} s)")

@@ -15,17 +15,34 @@ can show progress per phase)::
 
 Every generation goes through transformers' ``generate`` (greedy); teacher forcing is a logits processor that
 leaves only the given token, and the raw logits come from ``output_logits``.
+
+:func:`run_phases` is the driver's side: it calls the phases on a pool in order. Untimed, it runs ``dcp_free``
+first with every exchange checked; when every rank's greedy tokens equal the reference's, that run *is* the
+teacher-forced run (its inputs were the reference's tokens, step by step), so :func:`adopt_free_as_forced` takes
+its logits, ids and routing instead of decoding again (a third of an untimed case's time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["setup", "reference_free", "dcp_forced", "reference_forced", "dcp_free", "capacity", "teardown"]
+__all__ = [
+    "setup",
+    "reference_free",
+    "dcp_forced",
+    "reference_forced",
+    "dcp_free",
+    "adopt_free_as_forced",
+    "capacity",
+    "teardown",
+    "run_phases",
+]
 
 _S: dict[str, Any] = {}
 
@@ -237,7 +254,7 @@ def dcp_forced() -> dict:
     _, logits, _ = _generate(_S["m_dcp"], dcp, force=_S["ref_tokens"])
     dcp.checks.enabled = False
     _S.update(dcp_forced_logits=logits, dcp_forced_ids=dcp.ids_log)
-    return {"checks": dcp.checks.stats}
+    return {"checks": dcp.checks.stats, "from": "teacher-forced decode"}
 
 
 def reference_forced() -> dict:
@@ -260,20 +277,43 @@ def reference_forced() -> dict:
     }
 
 
-def dcp_free() -> dict:
-    """DCP's own greedy decode on the chosen backends (timed per decode token), then on the collective ones."""
+def dcp_free(checked: bool = False) -> dict:
+    """DCP's own greedy decode on the chosen backends (timed per decode token), then on the collective ones.
+
+    ``checked``: every exchange checked as in :func:`dcp_forced` (the timing then measures the checks too, so
+    the driver asks for it only untimed)."""
+    dcp = _S["dcp"]
     clock = _Clock()
     _S["route_dcp"].start(None)
-    tokens, _, cache = _generate(_S["m_dcp"], _S["dcp"], clock=clock)
+    if checked:
+        dcp.checks.enabled, dcp.checks.where = True, "greedy decode"
+    try:
+        tokens, logits, cache = _generate(_S["m_dcp"], dcp, clock=clock)
+    finally:
+        dcp.checks.enabled = False
     res: dict[str, Any] = {"tokens": tokens.tolist(), "ms_per_token": clock.per_token_ms()}
-    ref_ids, ids = _S["ref_ids"], _S["dcp"].ids_log
+    ref_ids, ids = _S["ref_ids"], dcp.ids_log
     res["ids_differ"] = _ids_differ(ref_ids, ids)
-    _S["dcp_cache"] = cache
+    _S.update(dcp_cache=cache, dcp_free_tokens=tokens, dcp_free_logits=logits, dcp_free_ids=ids, free_checked=checked)
     if "col" in _S:
         clock = _Clock()
         tokens_c, _, _ = _generate(_S["m_col"], _S["col"], clock=clock)
         res.update(collective_tokens=tokens_c.tolist(), collective_ms_per_token=clock.per_token_ms())
     return res
+
+
+def adopt_free_as_forced() -> dict:
+    """Take the checked greedy decode as the teacher-forced one (what :func:`dcp_forced` returns).
+
+    Valid only where that decode's tokens equal the reference's on every rank (the driver decides, from every
+    rank's tokens, so that all ranks take the same branch): then each of its steps was fed the reference's
+    token, which is all teacher forcing does, and its logits, top-k ids and MoE routing are the forced run's."""
+    if not _S.get("free_checked"):
+        raise RuntimeError("adopt_free_as_forced needs dcp_free(checked=True) first")
+    if not torch.equal(_S["dcp_free_tokens"], _S["ref_tokens"]):
+        raise RuntimeError("adopt_free_as_forced: the greedy tokens differ from the reference's; run dcp_forced")
+    _S.update(dcp_forced_logits=_S["dcp_free_logits"], dcp_forced_ids=_S["dcp_free_ids"])
+    return {"checks": _S["dcp"].checks.stats, "from": "greedy decode"}
 
 
 def _ids_differ(a: dict, b: dict) -> dict:
@@ -326,3 +366,49 @@ def teardown() -> bool:
             _S[k].close()
     _S.clear()
     return True
+
+
+def run_phases(
+    pool, args: dict, on_phase: Callable[[str], None] | None = None, timeout: float = 1800.0
+) -> dict[str, list]:
+    """Run every phase on ``pool`` (a :class:`~peerdcp.harness.launch.RankPool` of the DCP group) with the
+    arguments of :func:`setup`; returns each phase's per-rank results by name (``setup``, ``reference_free``,
+    ``dcp_forced``, ``reference_forced``, ``dcp_free``, ``capacity``); the ranks' models and peer memory are
+    closed after, also when a phase fails (unless the pool is broken).
+    ``on_phase(description)`` is called before each of the ``PHASES`` phases (a progress display)."""
+    out: dict[str, list] = {}
+
+    def step(desc: str, key: str | None, fn, *a) -> list:
+        if on_phase is not None:
+            on_phase(desc)
+        res = pool.run(fn, *a, timeout=timeout)
+        if key:
+            out[key] = res
+        return res
+
+    step("build the model copies and the peerdcp objects (collective)", "setup", setup, args)
+    try:
+        ref = step("unsharded reference: greedy decode", "reference_free", reference_free)[0]
+        if args["timing"]:
+            step("DCP teacher-forced, every exchange checked", "dcp_forced", dcp_forced)
+        else:
+            free = step("DCP greedy decode, every exchange checked", "dcp_free", dcp_free, True)
+            if all(r["tokens"] == ref["tokens"] for r in free):
+                step("greedy tokens equal the reference's: that run is the teacher-forced one", "dcp_forced",
+                     adopt_free_as_forced)  # fmt: skip
+            else:
+                step("DCP teacher-forced, every exchange checked", "dcp_forced", dcp_forced)
+        step("unsharded reference teacher-forced, selection pinned to DCP's", "reference_forced", reference_forced)
+        if args["timing"]:
+            step("DCP greedy decode (timed), then on the collective backends", "dcp_free", dcp_free)
+        step("capacity", "capacity", capacity)
+    except BaseException:
+        if not getattr(pool, "broken", False):  # the ranks still answer: free their peer memory before the error
+            with contextlib.suppress(Exception):
+                pool.run(teardown, timeout=timeout)
+        raise
+    step("close", None, teardown)
+    return out
+
+
+PHASES = 7  # on_phase calls of run_phases

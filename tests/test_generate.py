@@ -179,8 +179,9 @@ class _FakePool:
     ],
 )
 def test_run_phases_adopts_only_when_every_rank_decoded_the_reference_tokens(timing, free_tokens, want):
-    pool = _FakePool(free_tokens)
-    out = decode.run_phases(pool, {"timing": timing})
+    pool, shown = _FakePool(free_tokens), []
+    out = decode.run_phases(pool, {"timing": timing}, shown.append)
+    assert len(shown) == decode.PHASES == len(pool.ran)  # the progress display's total
     names = [n for n, _ in pool.ran]
     assert names[:2] == ["setup", "reference_free"] and names[-2:] == ["capacity", "teardown"]
     assert names[2:-2] == want

@@ -146,6 +146,8 @@ def main_generate(args: argparse.Namespace) -> int:
                 prog.update(task, description=desc, completed=next(started))
 
         report.update(decode.run_phases(pool, wargs, on_phase))
+        if prog:
+            prog.update(task, completed=1 + decode.PHASES)
     except Exception as e:  # a rank failed: report what happened, never hang
         if prog:
             prog.stop()

@@ -374,7 +374,8 @@ def run_phases(
     """Run every phase on ``pool`` (a :class:`~peerdcp.harness.launch.RankPool` of the DCP group) with the
     arguments of :func:`setup`; returns each phase's per-rank results by name (``setup``, ``reference_free``,
     ``dcp_forced``, ``reference_forced``, ``dcp_free``, ``capacity``); the ranks' models and peer memory are
-    closed after, also when a phase fails (unless the pool is broken).
+    closed after, also when a phase fails (unless the pool is broken). Untimed, when the checked greedy decode is
+    not adopted, ``dcp_forced``'s check counts cover both checked decodes (a failure names the decode it was in).
     ``on_phase(description)`` is called before each of the ``PHASES`` phases (a progress display)."""
     out: dict[str, list] = {}
 

@@ -26,7 +26,7 @@ for stage in "$@"; do
       { date -u; nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch,triton,sys; print(sys.version); print("torch",torch.__version__,"cuda",torch.version.cuda,"triton",triton.__version__, "gpus",torch.cuda.device_count())';
         python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nccl|sglang|flashinfer"; } >"$log" 2>&1 ;;
     probe) timeout "$ST" python3 -m peerdcp probe >"$log" 2>&1 ;;
-    tests*) timeout -s INT -k 45 "$ST" python3 -m pytest -v -rfE --tb=short --durations=8 ${PYTEST_EXTRA:-} ${PYTEST_K:+-k "$PYTEST_K"} --timeout=${TEST_TIMEOUT:-90} -p no:cacheprovider -m "cuda or multigpu" \
+    tests*) timeout -s INT -k 45 "$ST" python3 -m pytest -v -rfE --tb=short --durations=8 ${PYTEST_EXTRA:-} ${PYTEST_K:+-k "$PYTEST_K"} --timeout=${TEST_TIMEOUT:-90} -p no:cacheprovider -m "cuda or multigpu or nvcc" \
              ${arg:-tests} >"$log" 2>&1 ;;
     bench-output) timeout "$ST" python3 -m bench.output --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;
     bench-query) timeout "$ST" python3 -m bench.query --out "$OUT" ${arg:+$arg} >"$log" 2>&1 ;;

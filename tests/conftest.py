@@ -1,12 +1,14 @@
-"""Shared fixtures: rank pools (real processes + gloo) reused across tests, GPU markers."""
+"""Shared fixtures: rank pools (real processes + gloo) reused across tests, the GPU and nvcc markers."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
 
+from peerdcp._runtime.jit import nvcc_path
 from peerdcp.harness.launch import RankPool
 from peerdcp.memory.probe import ranks_share_gpus
 
@@ -61,7 +63,10 @@ def pytest_collection_modifyitems(config, items):
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     skip_cuda = pytest.mark.skip(reason="needs CUDA")
     skip_multi = pytest.mark.skip(reason=f"needs >= {GPU_WORLD} CUDA GPUs (PEERDCP_GPU_WORLD)")
+    no_nvcc = nvcc_path() is None or shutil.which("ninja") is None
     for item in items:
+        if "nvcc" in item.keywords and no_nvcc:
+            item.add_marker(pytest.mark.skip(reason="needs nvcc + ninja to build the library"))
         if "multigpu" in item.keywords and ngpu < (1 if SHARED_GPU else max(2, GPU_WORLD)):
             item.add_marker(skip_multi)
         elif "multigpu" in item.keywords and SHARED_GPU and (why := _shared_gpu_skip(item)):

@@ -10,11 +10,8 @@ run the kernels themselves). With nvcc present, the C++ ``FastDiv::make`` itself
 
 import ctypes
 import random
-import shutil
 
 import pytest
-
-from peerdcp._runtime.jit import nvcc_path
 
 
 def _make(d: int) -> tuple[int, int]:
@@ -56,7 +53,7 @@ def test_fastdiv_divisor_below_one_is_the_identity() -> None:
     assert all(_div(x, m, s) == x for x in (0, 1, 77, (1 << 31) - 1))
 
 
-@pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja to build")
+@pytest.mark.nvcc
 def test_host_make_produces_the_checked_multipliers() -> None:
     from peerdcp.query import ops
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import shutil
 import types
 
 import pytest
@@ -18,12 +17,10 @@ import torch
 from conftest import GPU_BACKEND
 from on_ranks import output as fns
 
-from peerdcp._runtime.jit import nvcc_path
 from peerdcp.output import ops
 from peerdcp.output import policy as P
 from peerdcp.output import reducer as R
 
-needs_nvcc = pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja")
 HOST = dict(max_tokens=4, heads_per_rank=3, head_dim=16, backend="direct", memory="host", device="cpu", timeout_s=30.0)
 
 
@@ -106,7 +103,7 @@ def test_ll128_max_tokens_validated_on_every_rank(pools):
     assert all(r.get("kernel") == "triton" for r in res), res  # the Triton path has no LL128: ignored
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     """Builds the .so with nvcc (no GPU needed): the ctypes mirror has the C size (library() checks it), and
     the entry point rejects unknown stage / opt bits and a breakdown combined with early_load / pdl with
@@ -165,7 +162,7 @@ def test_params_mirror_and_bad_masks_rejected_before_any_cuda_call():
     p.stages, p.opts = 0, 2
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_ll128_bit_chosen_per_call_from_T():
     """The launcher sets the LL128 bit for T above ll128_min_tokens only (the C side then takes LL128 for
     T <= ll128_max_tokens). Checked on the parameter block the call fills (``_fill``), without a launch: the peer
@@ -183,7 +180,7 @@ def test_ll128_bit_chosen_per_call_from_T():
         assert (launcher._p.T, launcher._p.opts) == (T, want)
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_sentinel_bit_chosen_per_call_from_T():
     """The launcher sets the sentinel bit for T above sn_min_tokens only, beside the LL128 band's bit."""
     pdl, ll128, sn = ops.OPTS["pdl"], ops.OPTS["ll128"], ops.OPTS["sentinel"]

@@ -8,16 +8,12 @@ success without a launch."""
 from __future__ import annotations
 
 import ctypes
-import shutil
 
 import pytest
 
-from peerdcp._runtime.jit import nvcc_path
 from peerdcp.query import kernels as K
 
-pytestmark = pytest.mark.skipif(
-    nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja to build the library"
-)
+pytestmark = pytest.mark.nvcc
 INVALID = 1  # cudaErrorInvalidValue
 
 

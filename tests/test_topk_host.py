@@ -9,13 +9,10 @@ scoring kernel against the fp64 reference; the whole sharded pipeline against th
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from on_ranks import topk as fns
 
-from peerdcp._runtime.jit import nvcc_path
 from peerdcp.topk import reference as ref
 
 # an empty row right after a row of >> k tokens: a merge store one past its row would land in that row's -1s
@@ -372,7 +369,7 @@ def test_audit_inputs_raise(pools):
         assert table.startswith("[["), table
 
 
-@pytest.mark.skipif(nvcc_path() is None or shutil.which("ninja") is None, reason="needs nvcc + ninja to build")
+@pytest.mark.nvcc
 def test_c_entry_points_refuse_a_parameter_block_of_another_size():
     """Every Top-K launch entry point takes its parameter block and its size: a block of another size or none is
     refused with cudaErrorInvalidValue (1) before anything touches CUDA, bad geometry too, and T = 0 launches

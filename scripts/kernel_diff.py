@@ -22,6 +22,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from peerdcp._runtime.jit import nvcc_path
+
 _LIBRARIES = """
 import json
 try:
@@ -39,9 +41,9 @@ def libraries(tree: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def compile_cubin(src: Path, flags: list[str], include: str, out: Path) -> Path:
+def compile_cubin(nvcc: str, src: Path, flags: list[str], include: str, out: Path) -> Path:
     flags = [f for f in flags if f != "-lineinfo"]
-    subprocess.run(["nvcc", *flags, "-cubin", f"-I{include}", str(src), "-o", str(out)], check=True)
+    subprocess.run([nvcc, *flags, "-cubin", f"-I{include}", str(src), "-o", str(out)], check=True)
     return out
 
 
@@ -62,6 +64,10 @@ def main() -> int:
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path, nargs="?", default=Path(__file__).resolve().parents[1])
     a = p.parse_args()
+    nvcc = nvcc_path()  # the compiler the JIT builds with (PEERDCP_NVCC, else PATH)
+    if nvcc is None:
+        print("nvcc not found (set PEERDCP_NVCC)")
+        return 2
     old, new = libraries(a.old), libraries(a.new)
     if set(old) != set(new):
         print(f"libraries differ: {sorted(old)} vs {sorted(new)}")
@@ -73,7 +79,7 @@ def main() -> int:
             for name, (sources, flags, csrc) in libs.items():
                 for i, s in enumerate(sources):
                     out = Path(tmp) / f"{side}-{name}-{i}.cubin"
-                    jobs[side, name, i] = pool.submit(compile_cubin, Path(csrc) / s, flags, csrc, out)
+                    jobs[side, name, i] = pool.submit(compile_cubin, nvcc, Path(csrc) / s, flags, csrc, out)
         for name in sorted(new):
             o, n = {}, {}
             for (side, lib, _), job in jobs.items():

@@ -131,10 +131,11 @@ def main_generate(args: argparse.Namespace) -> int:
     prog = progress()
     pool = None
     t0 = time.time()
+    steps = 1 + decode.PHASES  # the pool's start, then each phase
     try:
         if prog:
             prog.start()
-            task = prog.add_task("start rank processes", total=1 + decode.PHASES)
+            task = prog.add_task("start rank processes", total=steps)
         pool = RankPool(world, backend=place.backend)
         if prog:
             prog.advance(task)
@@ -147,7 +148,7 @@ def main_generate(args: argparse.Namespace) -> int:
 
         report.update(decode.run_phases(pool, wargs, on_phase))
         if prog:
-            prog.update(task, completed=1 + decode.PHASES)
+            prog.update(task, completed=steps)
     except Exception as e:  # a rank failed: report what happened, never hang
         if prog:
             prog.stop()
